@@ -1,0 +1,133 @@
+//! Test support for the integration tests: builds the preload library, the mocks and the tools
+//! once per test process and lays the mocks out under the file names the loader looks for.
+//!
+//! The mocks are cdylib crates, which cargo cannot hand to another crate's tests as artifacts, so
+//! `artifacts()` runs a nested `cargo build` into its own target directory (`target/artifacts`),
+//! which cannot deadlock on the outer `cargo test`'s build lock.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Where the built pieces are.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    /// `libvgpu.so`, the preload library under test.
+    pub libvgpu: PathBuf,
+    /// Directory with `libcuda.so.1` and `libnvidia-ml.so.1` (the mocks): put on LD_LIBRARY_PATH.
+    pub mock_lib_dir: PathBuf,
+    /// Directory with `shrreg-tool` and `vgpu-smi`.
+    pub tools_dir: PathBuf,
+    /// Directory with the C sample programs (`test_alloc`, `test_vram_limit`, ...).
+    pub samples_dir: PathBuf,
+}
+
+impl Artifacts {
+    pub fn sample(&self, name: &str) -> PathBuf {
+        self.samples_dir.join(name)
+    }
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.tools_dir.join(name)
+    }
+}
+
+/// The workspace root (parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Build (once per process) and return the artifacts. Panics with cargo's output on failure:
+/// a test that cannot get its artifacts must fail loudly, never skip.
+pub fn artifacts() -> &'static Artifacts {
+    static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
+    ARTIFACTS.get_or_init(build_artifacts)
+}
+
+fn build_artifacts() -> Artifacts {
+    let root = workspace_root();
+    let target = root.join("target").join("artifacts");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "-p", "libvgpu", "-p", "mock-libcuda", "-p", "mock-nvml"])
+        .args(["-p", "vgpu-tools", "--target-dir"])
+        .arg(&target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("failed to run cargo to build the test artifacts");
+    assert!(
+        out.status.success(),
+        "building libvgpu/mocks/tools failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target.join("debug");
+    let mock_lib_dir = target.join("mock-lib");
+    std::fs::create_dir_all(&mock_lib_dir).unwrap();
+    install(&built.join("libcuda.so"), &mock_lib_dir.join("libcuda.so.1"));
+    install(&built.join("libnvidia_ml.so"), &mock_lib_dir.join("libnvidia-ml.so.1"));
+    Artifacts {
+        libvgpu: built.join("libvgpu.so"),
+        mock_lib_dir,
+        tools_dir: built.clone(),
+        samples_dir: cuda_samples::bin_dir(),
+    }
+}
+
+/// Copy `from` to `to` atomically (rename), so concurrent test processes never see a torn file.
+fn install(from: &Path, to: &Path) {
+    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), tmp.display()));
+    std::fs::rename(&tmp, to).unwrap();
+}
+
+/// A fresh scratch directory for one test (mock state file, region file, logs), removed on drop.
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("vgpu-test-{}-{}-{}", tag, std::process::id(), n));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch { dir }
+    }
+    /// Path of the mock GPU state file for this test.
+    pub fn mock_state(&self) -> PathBuf {
+        self.dir.join("mock-gpu.state")
+    }
+    /// Path of the libvgpu shared region for this test.
+    pub fn region(&self) -> PathBuf {
+        self.dir.join("cudevshr.cache")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A command for `program` running against the mock GPU: the mocks on LD_LIBRARY_PATH, the
+/// scratch dir's mock state and region, and (if `hooked`) libvgpu.so preloaded. Any inherited
+/// CUDA_*/MOCK_* variables are cleared so the host environment cannot leak into a test.
+pub fn mock_command(program: &Path, scratch: &Scratch, hooked: bool) -> Command {
+    let a = artifacts();
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CUDA_") || k.starts_with("MOCK_GPU") || k.starts_with("LIBCUDA_")
+            || k.starts_with("VGPU_") || k == "LD_PRELOAD" || k == "GPU_CORE_UTILIZATION_POLICY"
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", &a.mock_lib_dir)
+        .env("MOCK_GPU_STATE", scratch.mock_state())
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch.region());
+    if hooked {
+        cmd.env("LD_PRELOAD", &a.libvgpu);
+    }
+    cmd
+}
