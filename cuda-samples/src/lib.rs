@@ -1,6 +1,31 @@
-//! Paths of the C sample programs that build.rs compiled (being written).
+//! Paths of the C sample programs that build.rs compiled (see `cuda-samples/README.md`).
+
+use std::path::PathBuf;
+
+/// Names of every sample executable in [`bin_dir`].
+pub const SAMPLES: &[&str] = &[
+    "test_alloc",
+    "test_vram_limit",
+    "test_runtime_launch",
+];
 
 /// Directory holding the built sample executables.
-pub fn bin_dir() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CUDA_SAMPLES_BIN_DIR"))
+pub fn bin_dir() -> PathBuf {
+    PathBuf::from(env!("CUDA_SAMPLES_BIN_DIR"))
+}
+
+/// Path of one sample executable.
+pub fn sample(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_sample_was_built() {
+        for name in super::SAMPLES {
+            let p = super::sample(name);
+            assert!(p.is_file(), "{} missing", p.display());
+        }
+    }
 }
