@@ -94,8 +94,10 @@ pub trait Markers {
     /// Record a marker after the most recent launch on `stream`; `None` if that failed (then the
     /// limiter simply proceeds with less information).
     fn record(&mut self, stream: usize) -> Option<Self::M>;
-    /// Has the marker's work completed?
+    /// Has the marker's work completed? (`true` hands the marker back for reuse.)
     fn done(&mut self, m: Self::M) -> bool;
+    /// The limiter drops a marker without asking (e.g. after a synchronize): reuse it.
+    fn forget(&mut self, m: Self::M);
 }
 
 /// The shared bucket, refilled lazily by whichever process looks first.
@@ -452,7 +454,7 @@ impl<M: Copy> Tracker<M> {
     }
 
     /// After a synchronize returned: everything this process queued before it is complete.
-    pub fn after_sync(&mut self, now: u64, bucket: &Bucket<'_>) {
+    pub fn after_sync(&mut self, mk: &mut impl Markers<M = M>, now: u64, bucket: &Bucket<'_>) {
         let n = self.outstanding();
         if n > 0 {
             // The first outstanding launch to now bounds n launches' GPU time from above.
@@ -463,7 +465,9 @@ impl<M: Copy> Tracker<M> {
         self.observe(now, bucket);
         self.completed = self.launched;
         self.marked_seq = self.launched;
-        self.markers = [None; MAX_MARKERS];
+        for (m, _) in self.markers.iter_mut().filter_map(Option::take) {
+            mk.forget(m);
+        }
         self.backed_up_completion = None;
     }
 
@@ -516,6 +520,7 @@ mod sim {
         fn done(&mut self, m: u64) -> bool {
             self.0.borrow().now >= m
         }
+        fn forget(&mut self, _m: u64) {}
     }
 
     struct Proc {
@@ -553,7 +558,7 @@ mod sim {
                     g.now = g.now.max(g.busy_until) + SYNC_RETURN_NS;
                     g.now
                 };
-                self.tracker.after_sync(now, bucket);
+                self.tracker.after_sync(&mut self.mk, now, bucket);
             }
         }
     }
