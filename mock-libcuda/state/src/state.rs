@@ -1,0 +1,619 @@
+//! The shared state file: layout, creation, process slots, memory charges, kernel timeline.
+
+use crate::{config::Config, now_ns, BUCKET_NS, MAX_DEVICES, MAX_SLOTS, RING};
+use memmap2::MmapRaw;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, MutexGuard, Once};
+
+pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
+pub const VERSION: u32 = 1;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub device_count: u32,
+    pub layout_size: u64,
+    pub ctx_mem: u64,
+    pub kernel_ns: u64,
+    pub clock_khz: u32,
+    pub cc_major: u32,
+    pub cc_minor: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+pub struct Device {
+    pub name: [u8; 96],
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    pub sms: u32,
+    pub pci_bus: u32,
+    /// End of the last kernel queued on this device (CLOCK_MONOTONIC ns).
+    pub busy_until: AtomicU64,
+    /// Bump pointer for fake device addresses, unique across processes.
+    pub next_va: AtomicU64,
+}
+
+#[repr(C)]
+struct Bucket {
+    idx: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+#[repr(C)]
+pub struct SlotDev {
+    /// Device memory charged to this process (contexts included).
+    pub used: AtomicU64,
+    pub contexts: AtomicU64,
+    /// End of this process's last kernel on the device.
+    pub last_end: AtomicU64,
+    ring: [Bucket; RING],
+}
+
+#[repr(C)]
+pub struct Slot {
+    pub pid: AtomicI32,
+    _pad: u32,
+    pub dev: [SlotDev; MAX_DEVICES],
+}
+
+#[repr(C)]
+pub struct Layout {
+    pub header: Header,
+    pub devices: [Device; MAX_DEVICES],
+    pub slots: [Slot; MAX_SLOTS],
+}
+
+/// Lock bytes past the data, relative to `lock_base`.
+const LOCK_TABLE: i64 = 0;
+const fn lock_dev(d: usize) -> i64 {
+    1 + d as i64
+}
+const fn lock_slot(s: usize) -> i64 {
+    64 + s as i64
+}
+
+const NO_SLOT: usize = usize::MAX;
+/// Base of device `d`'s fake address range (1 TiB each, far from host heap and stacks).
+pub const fn va_base(d: usize) -> u64 {
+    0x7000_0000_0000 + ((d as u64) << 40)
+}
+pub const VA_RANGE: u64 = 1 << 40;
+
+/// One process's view of the state file.
+pub struct GpuState {
+    file: File,
+    map: MmapRaw,
+    lock_base: i64,
+    path: PathBuf,
+    /// OFD locks do not exclude threads sharing our open file description: this does.
+    mutex: Mutex<()>,
+    /// Serializes this process's writes into its own busy rings.
+    ring_mutex: Mutex<()>,
+    my_slot: AtomicUsize,
+}
+
+static CURRENT: AtomicPtr<GpuState> = AtomicPtr::new(std::ptr::null_mut());
+static OPEN: Mutex<()> = Mutex::new(());
+static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+static ATFORK: Once = Once::new();
+
+extern "C" fn after_fork_child() {
+    // The child shares the parent's open file description (and so its locks): forget that state
+    // (leaked, still mapped) so the next use reopens the file and registers a slot of its own.
+    CURRENT.store(std::ptr::null_mut(), SeqCst);
+    FORK_GEN.fetch_add(1, SeqCst);
+}
+
+/// Bumped in a forked child: process-local driver state must be dropped when it changes.
+pub fn fork_generation() -> u64 {
+    FORK_GEN.load(Relaxed)
+}
+
+/// Default state file path.
+pub fn default_path() -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/mock-gpu-{uid}.state"))
+}
+
+/// The process-wide state (opened, and created if needed, on first use).
+pub fn shared() -> Result<&'static GpuState, String> {
+    ATFORK.call_once(|| {
+        // SAFETY: registering a plain function; no prepare/parent handlers.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    });
+    let p = CURRENT.load(Acquire);
+    if !p.is_null() {
+        // SAFETY: states are leaked, never freed.
+        return Ok(unsafe { &*p });
+    }
+    let _g = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    let p = CURRENT.load(Acquire);
+    if !p.is_null() {
+        return Ok(unsafe { &*p });
+    }
+    let path = std::env::var_os("MOCK_GPU_STATE").map(PathBuf::from).unwrap_or_else(default_path);
+    let st: &'static GpuState = Box::leak(Box::new(GpuState::open(&path, &Config::from_env())?));
+    CURRENT.store(st as *const GpuState as *mut GpuState, Release);
+    Ok(st)
+}
+
+fn flock(fd: i32, cmd: i32, typ: i32, off: i64) -> bool {
+    // SAFETY: flock is plain data; zeroed is a valid initial value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = off;
+    fl.l_len = 1;
+    loop {
+        // SAFETY: valid fd and flock struct.
+        let rc = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+        if rc == 0 {
+            return if cmd == libc::F_OFD_GETLK { fl.l_type == libc::F_UNLCK as i16 } else { true };
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
+}
+
+struct Held<'a> {
+    st: &'a GpuState,
+    offs: Vec<i64>,
+    _g: MutexGuard<'a, ()>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for o in self.offs.iter().rev() {
+            flock(self.st.fd(), libc::F_OFD_SETLK, libc::F_UNLCK, self.st.lock_base + o);
+        }
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl GpuState {
+    /// Open (creating or repairing when no live process uses it) the state file at `path`.
+    pub fn open(path: &Path, cfg: &Config) -> Result<GpuState, String> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o666)
+            .open(path)
+            .map_err(|e| format!("cannot open mock GPU state {}: {e}", path.display()))?;
+        // SAFETY: valid fd; failure (not our file) is harmless.
+        unsafe { libc::fchmod(file.as_raw_fd(), 0o666) };
+        let size = (std::mem::size_of::<Layout>() as u64).div_ceil(4096) * 4096;
+        let lock_base = size as i64;
+        let fd = file.as_raw_fd();
+        if !flock(fd, libc::F_OFD_SETLKW, libc::F_WRLCK, lock_base + LOCK_TABLE) {
+            return Err(format!("cannot lock mock GPU state {}", path.display()));
+        }
+        let res = Self::validate_or_create(&file, path, size, lock_base, cfg);
+        flock(fd, libc::F_OFD_SETLK, libc::F_UNLCK, lock_base + LOCK_TABLE);
+        res?;
+        let map = MmapRaw::map_raw(&file).map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+        Ok(GpuState {
+            file,
+            map,
+            lock_base,
+            path: path.to_path_buf(),
+            mutex: Mutex::new(()),
+            ring_mutex: Mutex::new(()),
+            my_slot: AtomicUsize::new(NO_SLOT),
+        })
+    }
+
+    fn validate_or_create(file: &File, path: &Path, size: u64, lock_base: i64, cfg: &Config) -> Result<(), String> {
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        if len == size {
+            let map = MmapRaw::map_raw(file).map_err(|e| e.to_string())?;
+            // SAFETY: the file is `size` bytes, at least a Layout.
+            let h = unsafe { &*(map.as_ptr() as *const Header) };
+            if h.magic == MAGIC && h.version == VERSION && h.layout_size == size {
+                return Ok(());
+            }
+        }
+        let fd = file.as_raw_fd();
+        if (0..MAX_SLOTS).any(|s| !flock(fd, libc::F_OFD_GETLK, libc::F_WRLCK, lock_base + lock_slot(s))) {
+            return Err(format!(
+                "mock GPU state {} has the wrong size or version and live processes use it; not touching it",
+                path.display()
+            ));
+        }
+        if len != 0 {
+            eprintln!("[mock-gpu] warning: recreating mock GPU state {} (wrong size or version)", path.display());
+        }
+        file.set_len(0).and_then(|_| file.set_len(size)).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+        let map = MmapRaw::map_raw(file).map_err(|e| e.to_string())?;
+        // SAFETY: freshly zeroed file of Layout size; only this process (holding the table lock)
+        // touches it until the magic is written.
+        let l = unsafe { &mut *(map.as_mut_ptr() as *mut Layout) };
+        let seed = splitmix(crate::realtime_us() ^ ((std::process::id() as u64) << 32));
+        for (i, dc) in cfg.devices.iter().enumerate() {
+            let d = &mut l.devices[i];
+            let n = dc.name.as_bytes();
+            let n = &n[..n.len().min(d.name.len() - 1)];
+            d.name[..n.len()].copy_from_slice(n);
+            let a = splitmix(seed ^ i as u64);
+            let b = splitmix(a);
+            d.uuid[..8].copy_from_slice(&a.to_le_bytes());
+            d.uuid[8..].copy_from_slice(&b.to_le_bytes());
+            d.total_mem = dc.total_mem;
+            d.sms = dc.sms;
+            d.pci_bus = 0x18 + i as u32 * 0x10;
+            d.next_va.store(0, Relaxed);
+        }
+        let h = &mut l.header;
+        h.version = VERSION;
+        h.device_count = cfg.devices.len() as u32;
+        h.layout_size = size;
+        h.ctx_mem = cfg.ctx_mem;
+        h.kernel_ns = cfg.kernel_ns;
+        h.clock_khz = cfg.clock_khz;
+        h.cc_major = cfg.cc_major;
+        h.cc_minor = cfg.cc_minor;
+        std::sync::atomic::fence(SeqCst);
+        h.magic = MAGIC;
+        map.flush().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn layout(&self) -> &Layout {
+        // SAFETY: the mapping is at least a Layout and lives as long as self; shared fields
+        // written after creation are atomics.
+        unsafe { &*(self.map.as_ptr() as *const Layout) }
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.layout().header
+    }
+
+    pub fn device_count(&self) -> usize {
+        (self.header().device_count as usize).min(MAX_DEVICES)
+    }
+
+    pub fn device(&self, d: usize) -> &Device {
+        &self.layout().devices[d]
+    }
+
+    pub fn device_name(&self, d: usize) -> String {
+        let n = &self.device(d).name;
+        let end = n.iter().position(|&c| c == 0).unwrap_or(n.len());
+        String::from_utf8_lossy(&n[..end]).into_owned()
+    }
+
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and nvidia-smi print it.
+    pub fn uuid_string(&self, d: usize) -> String {
+        let u = &self.device(d).uuid;
+        let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+        format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    }
+
+    fn lock(&self, offs: &[i64]) -> Held<'_> {
+        let g = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        for o in offs {
+            flock(self.fd(), libc::F_OFD_SETLKW, libc::F_WRLCK, self.lock_base + o);
+        }
+        Held { st: self, offs: offs.to_vec(), _g: g }
+    }
+
+    pub fn my_slot(&self) -> Option<usize> {
+        Some(self.my_slot.load(Acquire)).filter(|&s| s != NO_SLOT)
+    }
+
+    /// Whether slot `s` belongs to a live process (ours, or one still holding its slot lock).
+    pub fn slot_alive(&self, s: usize) -> bool {
+        if self.my_slot() == Some(s) {
+            return true;
+        }
+        self.layout().slots[s].pid.load(Acquire) != 0
+            && !flock(self.fd(), libc::F_OFD_GETLK, libc::F_WRLCK, self.lock_base + lock_slot(s))
+    }
+
+    /// Claim a slot for this process (idempotent). Its lock byte is held until we die.
+    pub fn register(&self) -> Result<usize, String> {
+        if let Some(s) = self.my_slot() {
+            return Ok(s);
+        }
+        let _h = self.lock(&[LOCK_TABLE]);
+        self.reap_locked();
+        for s in 0..MAX_SLOTS {
+            let slot = &self.layout().slots[s];
+            if slot.pid.load(Acquire) != 0 {
+                continue;
+            }
+            if !flock(self.fd(), libc::F_OFD_SETLK, libc::F_WRLCK, self.lock_base + lock_slot(s)) {
+                continue;
+            }
+            self.clear_slot(s);
+            slot.pid.store(std::process::id() as i32, Release);
+            self.my_slot.store(s, Release);
+            return Ok(s);
+        }
+        Err(format!("all {MAX_SLOTS} mock GPU process slots are in use"))
+    }
+
+    fn clear_slot(&self, s: usize) {
+        for sd in &self.layout().slots[s].dev {
+            sd.used.store(0, Relaxed);
+            sd.contexts.store(0, Relaxed);
+            sd.last_end.store(0, Relaxed);
+            for b in &sd.ring {
+                b.busy_ns.store(0, Relaxed);
+                b.idx.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// Reclaim the slots of dead processes: their memory, contexts and queued work.
+    pub fn reap(&self) {
+        let _h = self.lock(&[LOCK_TABLE]);
+        self.reap_locked();
+    }
+
+    fn reap_locked(&self) {
+        let now = now_ns();
+        for s in 0..MAX_SLOTS {
+            if self.layout().slots[s].pid.load(Acquire) == 0 || self.slot_alive(s) {
+                continue;
+            }
+            for d in 0..self.device_count() {
+                // Drop its queued work: if it owns the tail of the device timeline, pull the tail
+                // back to the latest work of the live processes (CAS: a racing launch wins).
+                let tail = self.layout().slots[s].dev[d].last_end.load(Acquire);
+                let dev = self.device(d);
+                if tail > now && dev.busy_until.load(Acquire) == tail {
+                    let others = (0..MAX_SLOTS)
+                        .filter(|&o| o != s && self.slot_alive(o))
+                        .map(|o| self.layout().slots[o].dev[d].last_end.load(Acquire))
+                        .max()
+                        .unwrap_or(0);
+                    let _ = dev.busy_until.compare_exchange(tail, others.max(now), AcqRel, Acquire);
+                }
+            }
+            self.clear_slot(s);
+            self.layout().slots[s].pid.store(0, Release);
+        }
+    }
+
+    /// Live slots with their pids.
+    pub fn live_slots(&self) -> Vec<(usize, i32)> {
+        (0..MAX_SLOTS)
+            .filter_map(|s| {
+                let pid = self.layout().slots[s].pid.load(Acquire);
+                (pid != 0 && self.slot_alive(s)).then_some((s, pid))
+            })
+            .collect()
+    }
+
+    pub fn slot_dev(&self, s: usize, d: usize) -> &SlotDev {
+        &self.layout().slots[s].dev[d]
+    }
+
+    /// Device memory in use by live processes (contexts included).
+    pub fn device_used(&self, d: usize) -> u64 {
+        self.live_slots().iter().map(|&(s, _)| self.slot_dev(s, d).used.load(Acquire)).sum()
+    }
+
+    /// Charge `bytes` of device `d` to our slot, atomically with the device-wide capacity check.
+    pub fn try_charge(&self, d: usize, bytes: u64) -> bool {
+        let Some(s) = self.my_slot() else { return false };
+        let _h = self.lock(&[lock_dev(d)]);
+        let used = self.device_used(d);
+        if used.saturating_add(bytes) > self.device(d).total_mem {
+            return false;
+        }
+        self.slot_dev(s, d).used.fetch_add(bytes, AcqRel);
+        true
+    }
+
+    pub fn uncharge(&self, d: usize, bytes: u64) {
+        if let Some(s) = self.my_slot() {
+            let u = &self.slot_dev(s, d).used;
+            let _ = u.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+        }
+    }
+
+    pub fn add_context(&self, d: usize, delta: i64) {
+        if let Some(s) = self.my_slot() {
+            let c = &self.slot_dev(s, d).contexts;
+            let _ = c.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_add_signed(delta)));
+        }
+    }
+
+    /// A fresh fake device address range of `size` bytes aligned to `align` (a power of two).
+    pub fn alloc_va(&self, d: usize, size: u64, align: u64) -> Option<u64> {
+        let next = &self.device(d).next_va;
+        let mut cur = next.load(Acquire);
+        loop {
+            let start = cur.checked_add(align - 1)? & !(align - 1);
+            let end = start.checked_add(size)?;
+            if end > VA_RANGE {
+                return None;
+            }
+            match next.compare_exchange_weak(cur, end, AcqRel, Acquire) {
+                Ok(_) => return Some(va_base(d) + start),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// Queue `dur_ns` of work on device `d`'s timeline for our slot; returns (start, end).
+    pub fn enqueue(&self, d: usize, dur_ns: u64) -> (u64, u64) {
+        let now = now_ns();
+        let dev = self.device(d);
+        let mut cur = dev.busy_until.load(Acquire);
+        let (start, end) = loop {
+            let start = cur.max(now);
+            let end = start + dur_ns;
+            match dev.busy_until.compare_exchange_weak(cur, end, AcqRel, Acquire) {
+                Ok(_) => break (start, end),
+                Err(v) => cur = v,
+            }
+        };
+        if let Some(s) = self.my_slot() {
+            let sd = self.slot_dev(s, d);
+            sd.last_end.fetch_max(end, AcqRel);
+            self.record_busy(sd, start, end, now);
+        }
+        (start, end)
+    }
+
+    fn record_busy(&self, sd: &SlotDev, start: u64, end: u64, now: u64) {
+        let _g = self.ring_mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // Work queued further ahead than half the ring would overwrite history: not recorded.
+        let horizon = now / BUCKET_NS + RING as u64 / 2;
+        let mut t = start;
+        while t < end {
+            let b = t / BUCKET_NS;
+            if b > horizon {
+                break;
+            }
+            let seg_end = ((b + 1) * BUCKET_NS).min(end);
+            let bucket = &sd.ring[(b % RING as u64) as usize];
+            if bucket.idx.load(Acquire) != b {
+                bucket.busy_ns.store(0, Release);
+                bucket.idx.store(b, Release);
+            }
+            bucket.busy_ns.fetch_add(seg_end - t, AcqRel);
+            t = seg_end;
+        }
+    }
+
+    /// Busy nanoseconds of slot `s` on device `d` within `[t0, t1)` (clipped to now), assuming
+    /// busy time spreads evenly within a 10 ms bucket.
+    pub fn busy_ns(&self, s: usize, d: usize, t0: u64, t1: u64) -> u64 {
+        let t1 = t1.min(now_ns());
+        if t1 <= t0 {
+            return 0;
+        }
+        let sd = self.slot_dev(s, d);
+        let (b0, b1) = (t0 / BUCKET_NS, (t1 - 1) / BUCKET_NS);
+        let b0 = b0.max(b1.saturating_sub(RING as u64 - 1));
+        let mut total = 0u128;
+        for b in b0..=b1 {
+            let bucket = &sd.ring[(b % RING as u64) as usize];
+            if bucket.idx.load(Acquire) != b {
+                continue;
+            }
+            let busy = bucket.busy_ns.load(Acquire) as u128;
+            let (bs, be) = (b * BUCKET_NS, (b + 1) * BUCKET_NS);
+            let overlap = (be.min(t1) - bs.max(t0)) as u128;
+            total += (busy * overlap / BUCKET_NS as u128).min(overlap);
+        }
+        total as u64
+    }
+
+    /// Busy time of all live processes on device `d` within `[t0, t1)`. Kernels of different
+    /// processes never overlap on the timeline, so the sum is the union.
+    pub fn device_busy_ns(&self, d: usize, t0: u64, t1: u64) -> u64 {
+        self.live_slots().iter().map(|&(s, _)| self.busy_ns(s, d, t0, t1)).sum::<u64>().min(t1.saturating_sub(t0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceConfig;
+
+    fn tmp_state(tag: &str) -> (PathBuf, Config) {
+        let p = std::env::temp_dir().join(format!("mock-gpu-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let mut c = Config::default();
+        c.devices = vec![
+            DeviceConfig { name: "A".into(), total_mem: 1 << 30, sms: 4 },
+            DeviceConfig { name: "B".into(), total_mem: 2 << 30, sms: 8 },
+        ];
+        (p, c)
+    }
+
+    #[test]
+    fn create_register_charge() {
+        let (p, c) = tmp_state("charge");
+        let st = GpuState::open(&p, &c).unwrap();
+        assert_eq!(st.device_count(), 2);
+        assert_eq!(st.device_name(1), "B");
+        assert!(st.uuid_string(0).starts_with("GPU-") && st.uuid_string(0).len() == 40);
+        assert_ne!(st.uuid_string(0), st.uuid_string(1));
+        assert!(!st.try_charge(0, 1), "no slot yet");
+        let s = st.register().unwrap();
+        assert_eq!(st.register().unwrap(), s);
+        assert!(st.try_charge(0, 512 << 20));
+        assert!(st.try_charge(0, 512 << 20));
+        assert!(!st.try_charge(0, 1));
+        assert_eq!(st.device_used(0), 1 << 30);
+        st.uncharge(0, 1 << 30);
+        assert_eq!(st.device_used(0), 0);
+        // A second open of the same file sees the same devices and our usage.
+        let st2 = GpuState::open(&p, &Config::default()).unwrap();
+        assert_eq!(st2.device_count(), 2);
+        assert!(st.try_charge(1, 4096));
+        assert_eq!(st2.device_used(1), 4096, "a second description sees the charge");
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn corrupt_file_is_recreated_when_unused() {
+        let (p, c) = tmp_state("corrupt");
+        std::fs::write(&p, b"garbage").unwrap();
+        let st = GpuState::open(&p, &c).unwrap();
+        assert_eq!(st.device_count(), 2);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn va_allocation_is_aligned_and_unique() {
+        let (p, c) = tmp_state("va");
+        let st = GpuState::open(&p, &c).unwrap();
+        let a = st.alloc_va(0, 100, 512).unwrap();
+        let b = st.alloc_va(0, 3 << 20, 2 << 20).unwrap();
+        let e = st.alloc_va(1, 1, 512).unwrap();
+        assert_eq!(a, va_base(0));
+        assert_eq!(b % (2 << 20), 0);
+        assert!(b >= a + 100);
+        assert_eq!(e, va_base(1));
+        assert!(st.alloc_va(0, VA_RANGE, 512).is_none());
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn timeline_serializes_and_records_busy_time() {
+        let (p, c) = tmp_state("timeline");
+        let st = GpuState::open(&p, &c).unwrap();
+        let s = st.register().unwrap();
+        let t0 = now_ns();
+        let (s1, e1) = st.enqueue(0, 3_000_000);
+        let (s2, e2) = st.enqueue(0, 2_000_000);
+        assert!(s1 >= t0 && e1 == s1 + 3_000_000);
+        assert_eq!(s2, e1, "second kernel queues behind the first");
+        assert_eq!(e2, s2 + 2_000_000);
+        crate::sleep_until_ns(e2 + 1_000_000);
+        let busy = st.busy_ns(s, 0, t0, now_ns());
+        // Buckets spread busy time evenly, so allow one bucket of slack at each end.
+        assert!(busy > 3_000_000 && busy <= 5_000_000, "busy {busy}");
+        assert_eq!(st.device_busy_ns(1, t0, now_ns()), 0);
+        let _ = std::fs::remove_file(&p);
+    }
+}
