@@ -1,0 +1,67 @@
+//! OFD (open file description) byte-range locks. The kernel drops them when the last descriptor of
+//! the description closes, so a SIGKILLed holder never blocks anyone. They do not exclude threads
+//! sharing one description: callers pair them with an in-process `Mutex`.
+//!
+//! Lock bytes live far beyond any data (`LOCK_BASE`), so the layout can grow without moving them.
+
+use std::io;
+use std::os::fd::RawFd;
+
+pub const LOCK_BASE: i64 = 1 << 40;
+/// Slot table (register/unregister/reap, initialization).
+pub const LOCK_TABLE: i64 = LOCK_BASE;
+/// Device d's ledger: `LOCK_DEVICE + d`.
+pub const LOCK_DEVICE: i64 = LOCK_BASE + 1;
+/// Every process using the region holds a read lock here for its lifetime; a write lock that can
+/// be taken proves nobody lives on the file (safe to recreate it).
+pub const LOCK_LIVENESS: i64 = LOCK_BASE + 48;
+/// Slot s's owner holds a write lock on `LOCK_SLOT + s` for its lifetime.
+pub const LOCK_SLOT: i64 = LOCK_BASE + 64;
+
+fn flock(kind: libc::c_int, start: i64) -> libc::flock {
+    // SAFETY: flock is plain old data; all-zero is valid (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = 1;
+    fl
+}
+
+/// Blocking lock of one byte (`F_WRLCK`/`F_RDLCK`); retries on EINTR.
+pub fn lock_wait(fd: RawFd, write: bool, byte: i64) -> io::Result<()> {
+    let fl = flock(if write { libc::F_WRLCK } else { libc::F_RDLCK }, byte);
+    loop {
+        // SAFETY: valid fd owned by the caller, valid flock.
+        let r = unsafe { libc::fcntl(fd, libc::F_OFD_SETLKW, &fl) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Non-blocking lock of one byte: Ok(true) taken, Ok(false) held by another description.
+pub fn try_lock(fd: RawFd, write: bool, byte: i64) -> io::Result<bool> {
+    let fl = flock(if write { libc::F_WRLCK } else { libc::F_RDLCK }, byte);
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Release one byte.
+pub fn unlock(fd: RawFd, byte: i64) {
+    let fl = flock(libc::F_UNLCK, byte);
+    // SAFETY: as above; unlocking a byte we do not hold is a no-op.
+    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) };
+}
