@@ -23,6 +23,14 @@ const SAMPLES: &[(&str, Link)] = &[
     ("test_alloc", Link::Driver),
     ("test_vram_limit", Link::Driver),
     ("test_runtime_launch", Link::Driver),
+    ("test_alloc_paths", Link::Driver),
+    ("test_procaddr", Link::DlopenOnly),
+    ("test_rtld_next", Link::DriverRdynamic),
+    ("test_graph", Link::Driver),
+    ("bench_launch", Link::Driver),
+    ("bench_malloc", Link::Driver),
+    ("test_meminfo", Link::Driver),
+    ("test_fork", Link::Driver),
 ];
 
 const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"];

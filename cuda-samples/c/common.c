@@ -82,6 +82,8 @@ void out(const char *fmt, ...)
 
 void cu_fail(CUresult r, const char *expr, const char *file, int line)
 {
+    const char *slash = strrchr(file, '/');
+    file = slash ? slash + 1 : file;
     out("error=%s code=%d call=\"%s\" at=%s:%d\n", cu_name(r), (int)r, expr, file, line);
     exit(1);
 }
@@ -95,6 +97,23 @@ void die(const char *fmt, ...)
     va_end(ap);
     out("error=%s\n", msg);
     exit(1);
+}
+
+size_t alloc_until_fail(CUresult (*alloc)(CUdeviceptr *, size_t), size_t step, CUdeviceptr **ptrs,
+                        CUresult *last)
+{
+    size_t cap = 64, n = 0;
+    CUdeviceptr *v = malloc(cap * sizeof *v);
+    for (;;) {
+        if (n == cap && !(v = realloc(v, (cap *= 2) * sizeof *v)))
+            die("out of host memory for the allocation list");
+        *last = alloc(&v[n], step);
+        if (*last != CUDA_SUCCESS)
+            break;
+        n++;
+    }
+    *ptrs = v;
+    return n;
 }
 
 /* ------------------------------------------------------------- command line */
@@ -265,6 +284,13 @@ double median(double *v, int n)
         return 0.0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+}
+
+void print_median(const char *key, double *v, int n)
+{
+    double m = median(v, n);
+    out("%s=%.1f %s_min=%.1f %s_max=%.1f\n", key, m, key, n > 0 ? v[0] : 0.0, key,
+        n > 0 ? v[n - 1] : 0.0);
 }
 
 /* -------------------------------------------------------------- stop flag */

@@ -38,6 +38,11 @@ void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 /* printf to stdout + fflush (one result line). */
 void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Call alloc(&ptr, step) until it fails. Returns how many succeeded; their pointers are in
+ * *ptrs (malloc'ed; the caller frees them and the array), the failing result in *last. */
+size_t alloc_until_fail(CUresult (*alloc)(CUdeviceptr *, size_t), size_t step, CUdeviceptr **ptrs,
+                        CUresult *last);
+
 /* ---- command line ---- */
 enum opt_kind { OPT_FLAG, OPT_INT, OPT_SIZE, OPT_DOUBLE, OPT_STR };
 struct opt {
@@ -59,6 +64,8 @@ int parse_size(const char *s, uint64_t *out);
 uint64_t now_ns(void);
 void sleep_ns(uint64_t ns);
 double median(double *v, int n); /* sorts v */
+/* Prints `KEY=median KEY_min=min KEY_max=max` of n samples (sorts v). */
+void print_median(const char *key, double *v, int n);
 
 /* ---- stop flag: set by SIGINT/SIGTERM/SIGUSR1 once stop_on_signals() was called ---- */
 extern volatile sig_atomic_t stop_requested;

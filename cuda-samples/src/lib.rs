@@ -7,6 +7,14 @@ pub const SAMPLES: &[&str] = &[
     "test_alloc",
     "test_vram_limit",
     "test_runtime_launch",
+    "test_alloc_paths",
+    "test_procaddr",
+    "test_rtld_next",
+    "test_graph",
+    "bench_launch",
+    "bench_malloc",
+    "test_meminfo",
+    "test_fork",
 ];
 
 /// Directory holding the built sample executables.
