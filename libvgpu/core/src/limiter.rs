@@ -103,6 +103,15 @@ pub trait Markers {
 /// The shared bucket, refilled lazily by whichever process looks first.
 pub struct Bucket<'a> {
     pub s: &'a SharedDeviceState,
+    /// Charge overlapping occupancy of several processes once (`true`, the default: a
+    /// time-sliced GPU runs one context at a time) or once per process (`false`).
+    pub union: bool,
+}
+
+impl<'a> Bucket<'a> {
+    pub fn new(s: &'a SharedDeviceState) -> Self {
+        Bucket { s, union: true }
+    }
 }
 
 impl Bucket<'_> {
@@ -134,7 +143,7 @@ impl Bucket<'_> {
             return 0;
         }
         let prev = self.s.charged_until_ns.fetch_max(end, AcqRel);
-        let from = start.max(prev);
+        let from = if self.union { start.max(prev) } else { start };
         if end <= from {
             return 0;
         }
@@ -567,7 +576,7 @@ mod sim {
     fn run(cap: CapPercent, kernel_ns: u64, sync_every: u64, secs: u64) -> Vec<u64> {
         let w: World = Rc::new(RefCell::new(Gpu { now: 1_000_000_000, ..Default::default() }));
         let state = SharedDeviceState::default();
-        let bucket = Bucket { s: &state };
+        let bucket = Bucket::new(&state);
         let mut p = Proc::new(&w);
         let t0 = w.borrow().now;
         let end = t0 + secs * 1_000_000_000;
@@ -640,7 +649,7 @@ mod sim {
         let go = |cap: CapPercent| {
             let w: World = Rc::new(RefCell::new(Gpu { now: 1_000_000_000, ..Default::default() }));
             let state = SharedDeviceState::default();
-            let bucket = Bucket { s: &state };
+            let bucket = Bucket::new(&state);
             let (mut a, mut b) = (Proc::new(&w), Proc::new(&w));
             let t0 = w.borrow().now;
             let end = t0 + secs * 1_000_000_000;
@@ -658,7 +667,7 @@ mod sim {
     #[test]
     fn union_charging_counts_overlap_once() {
         let state = SharedDeviceState::default();
-        let b = Bucket { s: &state };
+        let b = Bucket::new(&state);
         assert_eq!(b.charge(0, 10), 10);
         assert_eq!(b.charge(5, 12), 2);
         assert_eq!(b.charge(3, 8), 0);
@@ -668,7 +677,7 @@ mod sim {
     #[test]
     fn refill_is_rate_limited_and_clamped() {
         let state = SharedDeviceState::default();
-        let b = Bucket { s: &state };
+        let b = Bucket::new(&state);
         b.refill(1_000, 50); // first use starts the clock
         assert_eq!(b.balance(), 0);
         b.refill(1_000 + 2_000_000, 50);
@@ -682,7 +691,7 @@ mod sim {
         // A 10 s kernel under a 1% cap: the next launch is held at most MAX_HOLD_NS.
         let w: World = Rc::new(RefCell::new(Gpu { now: 1_000_000_000, ..Default::default() }));
         let state = SharedDeviceState::default();
-        let bucket = Bucket { s: &state };
+        let bucket = Bucket::new(&state);
         let mut p = Proc::new(&w);
         for _ in 0..3 {
             let t = w.borrow().now;
