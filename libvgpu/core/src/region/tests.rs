@@ -1,1 +1,620 @@
+//! Region tests. Multi-process tests re-run this test binary as children (`child_entry`, selected
+//! by `VGPU_TEST_ROLE`), so each child is a real process with its own open file description.
 
+use super::*;
+use proptest::prelude::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique path in the temp dir, removed on drop.
+struct TempPath(PathBuf);
+
+impl TempPath {
+    fn new(tag: &str) -> TempPath {
+        let n = COUNTER.fetch_add(1, Relaxed);
+        TempPath(std::env::temp_dir().join(format!("vgpu-region-{tag}-{}-{n}.cache", std::process::id())))
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn init_with(limit: Option<u64>, sm: Option<u32>) -> RegionInit {
+    let mut i = RegionInit { device_num: 2, uuids: vec!["GPU-aaaa".into(), "GPU-bbbb".into()], ..Default::default() };
+    i.physical[0] = 8 * GIB;
+    i.physical[1] = 8 * GIB;
+    i.mem_limits[0] = limit;
+    i.sm_limits[0] = sm;
+    i
+}
+
+fn is_root() -> bool {
+    // SAFETY: trivial syscall.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn create_fresh_and_fields() {
+    let p = TempPath::new("fresh");
+    let r = Region::open(&p.0, &init_with(Some(GIB), Some(30))).unwrap();
+    let v1 = r.v1();
+    assert_eq!(v1.initialized_flag.load(Relaxed), HAMI_MAGIC);
+    assert_eq!(v1.major_version.load(Relaxed), 1);
+    assert_eq!(v1.minor_version.load(Relaxed), 2);
+    assert_eq!(r.device_num(), 2);
+    assert_eq!(r.uuid(0), "GPU-aaaa");
+    assert_eq!(r.limit(0), Some(GIB));
+    assert_eq!(r.limit(1), None);
+    assert_eq!(v1.limit[1].load(Relaxed), 8 * GIB, "uncapped shows physical");
+    assert_eq!(r.sm_limit(0), Some(30));
+    assert_eq!(r.sm_limit(1), None);
+    assert_eq!(r.priority(), 1);
+    let meta = std::fs::metadata(&p.0).unwrap();
+    assert_eq!(meta.len(), TOTAL_SIZE as u64);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o666);
+    // raw bytes at the contract offsets
+    let f = File::open(&p.0).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, 1600).unwrap();
+    assert_eq!(u64::from_le_bytes(b), GIB);
+    f.read_exact_at(&mut b, EXT_OFFSET as u64).unwrap();
+    assert_eq!(&b, b"LVGPUEXT");
+    let mut sem = [0u8; 32];
+    f.read_exact_at(&mut sem, 24).unwrap();
+    assert_eq!(sem, [0; 32]);
+}
+
+#[test]
+fn newer_intent_rule() {
+    let p = TempPath::new("intent");
+    let a = Region::open(&p.0, &init_with(Some(GIB), Some(30))).unwrap();
+    // a tool changes the live values
+    a.set_limit(0, Some(2 * GIB)).unwrap();
+    a.set_sm_limit(0, Some(50)).unwrap();
+    let e0 = a.limits_epoch();
+    // same env: live (tool) values persist
+    let b = Region::open(&p.0, &init_with(Some(GIB), Some(30))).unwrap();
+    assert_eq!(b.limit(0), Some(2 * GIB));
+    assert_eq!(b.sm_limit(0), Some(50));
+    assert_eq!(b.limits_epoch(), e0);
+    // different env: newer intent overwrites, visible to the older handle too
+    let c = Region::open(&p.0, &init_with(Some(3 * GIB), None)).unwrap();
+    assert_eq!(c.limit(0), Some(3 * GIB));
+    assert_eq!(a.limit(0), Some(3 * GIB));
+    assert_eq!(a.sm_limit(0), None);
+    assert_eq!(a.configured_limit(0), Some(3 * GIB));
+    assert!(a.limits_epoch() > e0);
+    // env back to uncapped
+    let _d = Region::open(&p.0, &init_with(None, None)).unwrap();
+    assert_eq!(a.limit(0), None);
+    assert_eq!(a.v1().limit[0].load(Relaxed), 8 * GIB);
+}
+
+fn write_file(path: &Path, bytes: &[u8]) {
+    let mut f = File::create(path).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+fn valid_bytes(path: &Path) -> Vec<u8> {
+    drop(Region::create_new(path, &init_with(Some(GIB), None)).unwrap());
+    std::fs::read(path).unwrap()
+}
+
+/// Each kind of bad file: (name, bytes).
+fn bad_files(path: &Path) -> Vec<(&'static str, Vec<u8>)> {
+    let good = valid_bytes(path);
+    let mut wrong_magic = good.clone();
+    wrong_magic[0] ^= 0xff;
+    let mut wrong_major = good.clone();
+    wrong_major[4] = 2;
+    let foreign = good[..V1_SIZE].to_vec();
+    let mut other_ext = good.clone();
+    other_ext[EXT_OFFSET + 8] = 99;
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let random: Vec<u8> = (0..TOTAL_SIZE)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng as u8
+        })
+        .collect();
+    vec![
+        ("truncated", good[..1000].to_vec()),
+        ("one byte", vec![1]),
+        ("wrong magic", wrong_magic),
+        ("wrong major", wrong_major),
+        ("v1 only (foreign)", foreign),
+        ("other ext version", other_ext),
+        ("random", random),
+    ]
+}
+
+#[test]
+fn bad_files_are_recreated_when_unused() {
+    let p = TempPath::new("bad");
+    for (name, bytes) in bad_files(&p.0) {
+        write_file(&p.0, &bytes);
+        let r = Region::open(&p.0, &init_with(Some(GIB), None)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(r.limit(0), Some(GIB), "{name}");
+        assert_eq!(r.proc_num(), 0, "{name}");
+        assert_eq!(std::fs::metadata(&p.0).unwrap().len(), TOTAL_SIZE as u64);
+    }
+}
+
+#[test]
+fn bad_file_with_live_holder_is_an_error_and_private_works() {
+    let p = TempPath::new("badlive");
+    let holder = Region::open(&p.0, &init_with(Some(GIB), None)).unwrap();
+    // corrupt the magic under the holder
+    let f = OpenOptions::new().write(true).open(&p.0).unwrap();
+    f.write_all_at(&[0, 0, 0, 0], 0).unwrap();
+    let t = Instant::now();
+    let e = match Region::open(&p.0, &init_with(Some(GIB), None)) {
+        Err(e) => e,
+        Ok(_) => panic!("opened a corrupt file in use"),
+    };
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(matches!(e, RegionError::InUse { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("wrong magic") && !msg.contains('\n'), "{msg}");
+    // fallback keeps enforcing
+    let pr = Region::private(&init_with(Some(4 * MIB), None)).unwrap();
+    let s = pr.register(1).unwrap();
+    pr.try_reserve(s, 0, MemKind::Data, 4 * MIB).unwrap();
+    assert!(matches!(pr.try_reserve(s, 0, MemKind::Data, 1), Err(ReserveError::OverLimit { .. })));
+    drop(holder);
+}
+
+#[test]
+fn open_existing_errors() {
+    let p = TempPath::new("existing");
+    let e = Region::open_existing(&p.0).err().unwrap();
+    assert!(matches!(e, RegionError::NotFound(_)), "{e}");
+    assert!(e.to_string().contains("does not exist"));
+    for (name, bytes) in bad_files(&p.0) {
+        write_file(&p.0, &bytes);
+        let e = Region::open_existing(&p.0).err().unwrap_or_else(|| panic!("{name} accepted"));
+        assert!(matches!(e, RegionError::Invalid { .. }), "{name}: {e}");
+        let e = Region::snapshot(&p.0).err().unwrap();
+        assert!(matches!(e, RegionError::Invalid { .. }), "{name}: {e}");
+        // the tool path never repairs
+        assert_eq!(std::fs::read(&p.0).unwrap(), bytes, "{name}");
+    }
+    let good = valid_bytes(&p.0);
+    write_file(&p.0, &good);
+    let r = Region::open_existing(&p.0).unwrap();
+    assert_eq!(r.limit(0), Some(GIB));
+    // larger files are fine
+    let mut bigger = good.clone();
+    bigger.extend_from_slice(&[0u8; 4096]);
+    write_file(&p.0, &bigger);
+    assert!(Region::open_existing(&p.0).is_ok());
+    if !is_root() {
+        std::fs::set_permissions(&p.0, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let e = Region::open_existing(&p.0).err().unwrap();
+        assert!(matches!(e, RegionError::PermissionDenied(_)), "{e}");
+        let e = Region::open(&p.0, &init_with(None, None)).err().unwrap();
+        assert!(matches!(e, RegionError::PermissionDenied(_)), "{e}");
+        // read-only access still allows a snapshot
+        assert_eq!(Region::snapshot(&p.0).unwrap().limit(0), Some(GIB));
+    }
+}
+
+#[test]
+fn create_new_refuses_while_in_use() {
+    let p = TempPath::new("createnew");
+    let a = Region::open(&p.0, &init_with(Some(GIB), None)).unwrap();
+    let e = Region::create_new(&p.0, &init_with(None, None)).err().unwrap();
+    assert!(matches!(e, RegionError::InUse { .. }), "{e}");
+    drop(a);
+    let b = Region::create_new(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    assert_eq!(b.limit(0), Some(2 * GIB));
+    // a tool handle does not count as a live user
+    let c = Region::create_new(&p.0, &init_with(Some(3 * GIB), None)).unwrap();
+    assert_eq!(c.limit(0), Some(3 * GIB));
+}
+
+#[test]
+fn register_reserve_release_unregister() {
+    let p = TempPath::new("basic");
+    let r = Region::open(&p.0, &init_with(Some(10 * MIB), None)).unwrap();
+    let s = r.register(42).unwrap();
+    assert_eq!(r.slot_pid(s), 42);
+    assert!(r.slot_ext(s).flags.load(Relaxed) & SLOT_FLAG_HOSTPID_UNKNOWN != 0);
+    r.set_hostpid(s, 4242);
+    assert_eq!(r.slot_hostpid(s), 4242);
+    assert_eq!(r.slot_ext(s).flags.load(Relaxed) & SLOT_FLAG_HOSTPID_UNKNOWN, 0);
+    r.try_reserve(s, 0, MemKind::Context, 4 * MIB).unwrap();
+    r.try_reserve(s, 0, MemKind::Data, 6 * MIB).unwrap();
+    let e = r.try_reserve(s, 0, MemKind::Module, 1).unwrap_err();
+    assert_eq!(e, ReserveError::OverLimit { used: 10 * MIB, limit: 10 * MIB, requested: 1 });
+    assert_eq!(r.try_reserve(s, 16, MemKind::Data, 1), Err(ReserveError::BadDevice(16)));
+    // uncapped device
+    r.try_reserve(s, 1, MemKind::Data, 100 * GIB).unwrap();
+    assert_eq!(r.device_used(1), 100 * GIB);
+    let u = r.proc_usage(s, 0);
+    assert_eq!(u, MemUsage { context: 4 * MIB, module: 0, data: 6 * MIB, total: 10 * MIB });
+    r.release(s, 0, MemKind::Data, 7 * MIB); // saturates
+    assert_eq!(r.proc_usage(s, 0).data, 0);
+    assert_eq!(r.device_used(0), 3 * MIB);
+    assert_eq!(r.live_slots().collect::<Vec<_>>(), vec![s]);
+    let gen = r.slot_ext(s).generation.load(Relaxed);
+    r.unregister(s).unwrap();
+    assert_eq!(r.device_used(0), 0);
+    assert_eq!(r.proc_num(), 0);
+    assert!(r.slot_ext(s).generation.load(Relaxed) > gen);
+    assert!(matches!(r.unregister(s), Err(RegionError::NotOwner(_))));
+}
+
+#[test]
+fn lowering_limit_refuses_new_but_frees_nothing() {
+    let p = TempPath::new("lower");
+    let r = Region::open(&p.0, &init_with(Some(10 * MIB), None)).unwrap();
+    let s = r.register(1).unwrap();
+    r.try_reserve(s, 0, MemKind::Data, 8 * MIB).unwrap();
+    r.set_limit(0, Some(4 * MIB)).unwrap();
+    assert_eq!(r.device_used(0), 8 * MIB);
+    assert!(r.try_reserve(s, 0, MemKind::Data, 1).is_err());
+    r.release(s, 0, MemKind::Data, 5 * MIB);
+    r.try_reserve(s, 0, MemKind::Data, MIB).unwrap();
+    assert!(matches!(r.set_limit(16, None), Err(RegionError::BadDevice(16))));
+}
+
+#[test]
+fn proc_num_compaction_and_table_full() {
+    let p = TempPath::new("full");
+    let r = Region::open(&p.0, &init_with(None, None)).unwrap();
+    let slots: Vec<SlotId> = (0..MAX_PROCS).map(|i| r.register(i as i32).unwrap()).collect();
+    assert_eq!(r.proc_num(), MAX_PROCS);
+    assert!(matches!(r.register(9999), Err(RegionError::TableFull)));
+    r.unregister(slots[5]).unwrap();
+    assert_eq!(r.proc_num(), MAX_PROCS);
+    assert_eq!(r.register(7).unwrap(), slots[5]);
+    for s in slots.iter().rev().take(10) {
+        r.unregister(*s).unwrap();
+    }
+    assert_eq!(r.proc_num(), MAX_PROCS - 10);
+    for s in r.live_slots() {
+        assert!(s.index() < r.proc_num());
+    }
+}
+
+#[test]
+fn other_handle_dropping_is_reaped() {
+    // Two handles = two open file descriptions, like two processes.
+    let p = TempPath::new("reap");
+    let a = Region::open(&p.0, &init_with(Some(10 * MIB), None)).unwrap();
+    let b = Region::open(&p.0, &init_with(Some(10 * MIB), None)).unwrap();
+    let sa = a.register(1).unwrap();
+    let sb = b.register(2).unwrap();
+    assert_ne!(sa, sb);
+    b.try_reserve(sb, 0, MemKind::Data, 10 * MIB).unwrap();
+    // b is alive: a cannot reap it
+    assert_eq!(a.reap_dead(), 0);
+    assert!(a.try_reserve(sa, 0, MemKind::Data, MIB).is_err());
+    // simulate death without cleanup: close b's descriptor (locks drop), keep its slot data
+    b.owned[sb.index()].store(false, Relaxed); // Drop must not unregister
+    drop(b);
+    a.try_reserve(sa, 0, MemKind::Data, MIB).unwrap();
+    assert_eq!(a.device_used(0), MIB);
+    assert_eq!(a.live_slots().count(), 1);
+}
+
+#[test]
+fn suspend_and_hami_fields() {
+    let p = TempPath::new("fields");
+    let r = Region::open(&p.0, &init_with(None, None)).unwrap();
+    let e = r.limits_epoch();
+    r.set_suspended(true);
+    assert!(r.suspended());
+    assert!(r.limits_epoch() > e);
+    r.set_suspended(false);
+    assert!(!r.suspended());
+    r.set_last_kernel_time(1_800_000_000);
+    assert_eq!(r.last_kernel_time(), 1_800_000_000);
+    let s = r.register(3).unwrap();
+    r.set_proc_sm_util(s, 1, 77);
+    assert_eq!(r.proc_sm_util(s, 1), 77);
+    r.set_recent_kernel(-1);
+    assert_eq!(r.recent_kernel(), -1);
+    r.set_utilization_switch(1);
+    assert_eq!(r.utilization_switch(), 1);
+    r.set_priority(0);
+    assert_eq!(r.priority(), 0);
+    r.set_soft_sm_limit(0, Some(60)).unwrap();
+    assert_eq!(r.soft_sm_limit(0), Some(60));
+    r.set_device_info(3, "GPU-" .repeat(40).as_str(), 24 * GIB).unwrap();
+    assert_eq!(r.uuid(3).len(), UUID_LEN - 1);
+    assert_eq!(r.device_num(), 4);
+    assert_eq!(r.v1().limit[3].load(Relaxed), 24 * GIB);
+    assert_eq!(r.physical_total(3), 24 * GIB);
+    assert!(r.set_device_info(16, "x", 1).is_err());
+    assert!(r.set_sm_limit(16, None).is_err());
+    let l = r.limiter(0);
+    l.tokens_ns.store(5, Relaxed);
+    assert_eq!(r.limiter(0).tokens_ns.load(Relaxed), 5);
+}
+
+#[test]
+fn threads_never_exceed_cap_in_process() {
+    let p = TempPath::new("threads");
+    let limit = 64 * MIB;
+    let handles: Vec<Region> = (0..3).map(|_| Region::open(&p.0, &init_with(Some(limit), None)).unwrap()).collect();
+    std::thread::scope(|sc| {
+        for (hi, h) in handles.iter().enumerate() {
+            for t in 0..3 {
+                sc.spawn(move || {
+                    let s = h.register((hi * 10 + t) as i32).unwrap();
+                    let mut seed = (hi * 31 + t * 7 + 1) as u64;
+                    for _ in 0..300 {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let sz = (seed >> 33) % (limit / 3) + 1;
+                        if h.try_reserve(s, 0, MemKind::Data, sz).is_ok() {
+                            assert!(h.device_used(0) <= limit);
+                            h.release(s, 0, MemKind::Data, sz);
+                        }
+                    }
+                    h.unregister(s).unwrap();
+                });
+            }
+        }
+    });
+    assert_eq!(handles[0].device_used(0), 0);
+}
+
+// ---------- multi-process ----------
+
+const ROLE: &str = "VGPU_TEST_ROLE";
+const RPATH: &str = "VGPU_TEST_REGION";
+
+fn spawn_role(role: &str, path: &Path, n: usize) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "region::tests::child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, role)
+        .env(RPATH, path)
+        .env("VGPU_TEST_N", n.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait for the child's READY line (bounded).
+fn wait_ready(c: &mut Child) {
+    let out = c.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.trim() == "READY" {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10)).expect("child never became ready");
+}
+
+fn kill9(c: &mut Child) {
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let _ = c.wait();
+}
+
+/// Entry point of child processes; a no-op in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else { return };
+    let path = PathBuf::from(std::env::var(RPATH).unwrap());
+    let n: u64 = std::env::var("VGPU_TEST_N").unwrap().parse().unwrap();
+    let limit = 64 * MIB;
+    let r = Region::open(&path, &init_with(Some(limit), None)).unwrap();
+    let slot = r.register(std::process::id() as i32).unwrap();
+    match role.as_str() {
+        "hammer" => {
+            println!("READY");
+            let wins = AtomicUsize::new(0);
+            std::thread::scope(|sc| {
+                for t in 0..4u64 {
+                    let (r, wins) = (&r, &wins);
+                    sc.spawn(move || {
+                        let mut seed = std::process::id() as u64 * 1000 + t + 1;
+                        for _ in 0..n {
+                            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            let sz = (seed >> 33) % (limit / 4) + 1;
+                            if r.try_reserve(slot, 0, MemKind::Data, sz).is_ok() {
+                                // Under the device lock the sum can only shrink while we read it, so
+                                // a sum above the cap would prove an instant above the cap.
+                                if r.lock_device(0).unwrap().used() > limit {
+                                    std::process::exit(3);
+                                }
+                                wins.fetch_add(1, Relaxed);
+                                std::thread::yield_now();
+                                r.release(slot, 0, MemKind::Data, sz);
+                            }
+                        }
+                    });
+                }
+            });
+            r.unregister(slot).unwrap();
+            // A starved child (others keep the device full) is fine; the parent checks progress.
+            let _ = wins.load(Relaxed);
+        }
+        "hold" => {
+            r.try_reserve(slot, 0, MemKind::Data, n).unwrap();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "hold_lock" => {
+            r.try_reserve(slot, 0, MemKind::Data, n).unwrap();
+            let _g = r.lock_device(0).unwrap();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        _ => std::process::exit(2),
+    }
+    std::process::exit(0);
+}
+
+fn hammer(procs: usize, iters: usize) {
+    let p = TempPath::new("hammer");
+    let limit = 64 * MIB;
+    let r = Region::open(&p.0, &init_with(Some(limit), None)).unwrap();
+    let mut kids: Vec<Child> = (0..procs).map(|_| spawn_role("hammer", &p.0, iters)).collect();
+    let t = Instant::now();
+    let mut max_seen = 0;
+    let mut done = false;
+    while !done {
+        max_seen = max_seen.max(r.lock_device(0).unwrap().used());
+        done = kids.iter_mut().all(|k| matches!(k.try_wait(), Ok(Some(_))));
+        assert!(t.elapsed() < Duration::from_secs(30), "hammer took too long");
+    }
+    for k in &mut kids {
+        let st = k.wait().unwrap();
+        assert!(st.success(), "child failed: {st:?}");
+    }
+    assert!(max_seen <= limit, "observed {max_seen} > {limit}");
+    assert!(max_seen > 0, "no child ever reserved anything");
+    assert_eq!(r.device_used(0), 0);
+    assert_eq!(r.proc_num(), 0);
+}
+
+#[test]
+fn two_processes_never_exceed_cap() {
+    hammer(2, 2000);
+}
+
+#[test]
+fn sixteen_processes_never_exceed_cap() {
+    hammer(16, 300);
+}
+
+#[test]
+fn sigkill_with_reservation_is_reclaimed() {
+    let p = TempPath::new("kill");
+    let limit = 64 * MIB;
+    let r = Region::open(&p.0, &init_with(Some(limit), None)).unwrap();
+    let s = r.register(1).unwrap();
+    let mut c = spawn_role("hold", &p.0, limit as usize);
+    wait_ready(&mut c);
+    assert!(matches!(r.try_reserve(s, 0, MemKind::Data, MIB), Err(ReserveError::OverLimit { .. })));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let t = Instant::now();
+    // no waitpid: the kernel drops the locks at exit, before the zombie is reaped
+    loop {
+        if r.try_reserve(s, 0, MemKind::Data, limit).is_ok() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_millis(900), "not reclaimed within 0.9 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = c.wait();
+    assert_eq!(r.device_used(0), limit);
+    assert_eq!(r.live_slots().count(), 1);
+}
+
+#[test]
+fn sigkill_while_holding_device_lock() {
+    let p = TempPath::new("killlock");
+    let limit = 64 * MIB;
+    let r = Region::open(&p.0, &init_with(Some(limit), None)).unwrap();
+    let s = r.register(1).unwrap();
+    let mut c = spawn_role("hold_lock", &p.0, (limit / 2) as usize);
+    wait_ready(&mut c);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let res = r.try_reserve(s, 0, MemKind::Data, limit);
+            tx.send((res, Instant::now())).unwrap();
+        });
+        // the reserve blocks behind the live holder
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        let killed = Instant::now();
+        kill9(&mut c);
+        let (res, at) = rx.recv_timeout(Duration::from_secs(5)).expect("reserve never finished");
+        res.unwrap();
+        assert!(at.duration_since(killed) < Duration::from_millis(900));
+    });
+    assert_eq!(r.device_used(0), limit);
+}
+
+#[test]
+fn fork_child_reregisters() {
+    let p = TempPath::new("fork");
+    let mut r = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let s = r.register(std::process::id() as i32).unwrap();
+    r.try_reserve(s, 0, MemKind::Data, 16 * MIB).unwrap();
+    // SAFETY: the child only uses async-signal-tolerant paths of this test and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            r.after_fork_child().ok()?;
+            let c = r.register(std::process::id() as i32).ok()?;
+            if c == s || r.reap_dead() != 0 || !r.live_slots().any(|x| x == s) {
+                return None;
+            }
+            r.try_reserve(c, 0, MemKind::Data, 16 * MIB).ok()?;
+            (r.device_used(0) == 32 * MIB).then_some(0)
+        })()
+        .unwrap_or(1);
+        // SAFETY: leave without running the parent's destructors twice.
+        unsafe { libc::_exit(code) };
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "child status {st}");
+    // the child's slot is dead now; the parent's locks survived the child's close
+    let other = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    assert_eq!(other.reap_dead(), 1);
+    assert_eq!(other.device_used(0), 16 * MIB);
+    assert!(other.live_slots().any(|x| x == s));
+    drop(other);
+    drop(r);
+}
+
+// ---------- ledger invariants ----------
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn shared_ledger_invariants(ops in prop::collection::vec((0usize..3, 0u8..4, 1u64..(40 * MIB)), 1..60)) {
+        let p = TempPath::new("prop");
+        let limit = 64 * MIB;
+        let hs: Vec<Region> = (0..3).map(|_| Region::open(&p.0, &init_with(Some(limit), None)).unwrap()).collect();
+        let mut slots: Vec<Option<SlotId>> = vec![None; 3];
+        let mut model = [0u64; 3];
+        for (h, op, sz) in ops {
+            let r = &hs[h];
+            match (op, slots[h]) {
+                (_, None) => slots[h] = Some(r.register(h as i32).unwrap()),
+                (0 | 1, Some(s)) => {
+                    let before: u64 = model.iter().sum();
+                    match r.try_reserve(s, 0, MemKind::Data, sz) {
+                        Ok(()) => { prop_assert!(before + sz <= limit); model[h] += sz; }
+                        Err(ReserveError::OverLimit { used, .. }) => {
+                            prop_assert!(before + sz > limit);
+                            prop_assert_eq!(used, before);
+                        }
+                        Err(e) => prop_assert!(false, "{}", e),
+                    }
+                }
+                (2, Some(s)) => { r.release(s, 0, MemKind::Data, sz); model[h] = model[h].saturating_sub(sz); }
+                (_, Some(s)) => { r.unregister(s).unwrap(); slots[h] = None; model[h] = 0; }
+            }
+            prop_assert_eq!(hs[0].device_used(0), model.iter().sum::<u64>());
+            prop_assert!(hs[0].device_used(0) <= limit);
+        }
+    }
+}
