@@ -359,8 +359,12 @@ void rate_finish(struct rate *r)
 {
     double secs = (double)(now_ns() - r->start_ns) / 1e9;
     double avg = secs > 0 ? (double)r->total / secs : 0.0;
-    out("total_%s=%llu total_kernels=%llu elapsed_s=%.3f\n", r->unit,
-        (unsigned long long)r->total, (unsigned long long)(r->total * r->kernels_per_unit), secs);
+    if (r->kernels_per_unit == 1)
+        out("total_%s=%llu elapsed_s=%.3f\n", r->unit, (unsigned long long)r->total, secs);
+    else
+        out("total_%s=%llu total_kernels=%llu elapsed_s=%.3f\n", r->unit,
+            (unsigned long long)r->total, (unsigned long long)(r->total * r->kernels_per_unit),
+            secs);
     rate_line(r, "avg_", avg);
     if (r->second > 0)
         out("min_%s_per_sec=%.1f max_%s_per_sec=%.1f\n", r->unit, r->min_rate, r->unit,
