@@ -1,2 +1,19 @@
-//! libvgpu.so: the LD_PRELOAD hook. Thin FFI shims over `vgpu-core` policy (being written).
+//! libvgpu.so: the LD_PRELOAD hook. Thin FFI shims over `vgpu-core` policy.
+//!
+//! * `hooks`: the one hook table (`hooks/table.rs`), the `dlsym` override, `cuGetProcAddress`.
+//! * `runtime`: lazy init (config, region, slot, devices, ledgers), fork handling; `runtime::get()`
+//!   is the entry point for the launch gate and the monitor.
+//! * `memory`, `context`, `meminfo`, `nvml`: the policies the table points at.
+//! * `launch`: the compute limiter glue (lead-owned).
+
+pub mod context;
+pub mod driver;
+pub mod ffi;
+pub mod guard;
+pub mod hooks;
 mod launch;
+pub mod meminfo;
+pub mod memory;
+pub mod nvml;
+pub mod real;
+pub mod runtime;

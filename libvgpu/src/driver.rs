@@ -1,0 +1,186 @@
+//! Typed access to real driver/NVML functions the policies need but do not hook (queries), plus
+//! convenience wrappers over hooked ones' real implementations. Never goes through our shims.
+#![allow(non_upper_case_globals)]
+
+use crate::ffi::*;
+use crate::hooks::table::{real as hooked, sig};
+use crate::real::{Lib, RealFn};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+static cuDeviceGetCount: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetCount");
+static cuDeviceGet: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGet");
+static cuDeviceGetUuid_v2: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetUuid_v2");
+static cuDeviceGetUuid: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetUuid");
+static cuDeviceGetAttribute: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetAttribute");
+static cuCtxGetDevice: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetDevice");
+static cuStreamGetDevice: RealFn = RealFn::new(Lib::Cuda, c"cuStreamGetDevice");
+static cuMemAdvise_v2: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise_v2");
+static cuMemAdvise: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise");
+
+static nvmlInit_v2: RealFn = RealFn::new(Lib::Nvml, c"nvmlInit_v2");
+static nvmlDeviceGetHandleByUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
+static nvmlDeviceGetUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUUID");
+static nvmlDeviceGetIndex: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetIndex");
+
+macro_rules! call {
+    ($cell:expr, fn($($t:ty),*) -> $r:ty, $($a:expr),*) => {{
+        match $cell.get() {
+            // SAFETY: the symbol has exactly this C signature (checked against the 13.0 headers).
+            Some(p) => Some(unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> $r>(p)($($a),*) }),
+            None => None,
+        }
+    }};
+}
+
+/// Number of devices the driver shows this process (after CUDA_VISIBLE_DEVICES); `None` when the
+/// driver is not initialized or absent.
+pub fn device_count() -> Option<usize> {
+    let mut n: c_int = 0;
+    let r = call!(cuDeviceGetCount, fn(*mut c_int) -> CUresult, &mut n)?;
+    (r == CUDA_SUCCESS && n >= 0).then_some(n as usize)
+}
+
+pub fn device_get(ordinal: usize) -> Option<CUdevice> {
+    let mut d: CUdevice = 0;
+    let r = call!(cuDeviceGet, fn(*mut CUdevice, c_int) -> CUresult, &mut d, ordinal as c_int)?;
+    (r == CUDA_SUCCESS).then_some(d)
+}
+
+pub fn device_uuid(dev: CUdevice) -> Option<CUuuid> {
+    let mut u = CUuuid::default();
+    let r = call!(cuDeviceGetUuid_v2, fn(*mut CUuuid, CUdevice) -> CUresult, &mut u, dev)
+        .or_else(|| call!(cuDeviceGetUuid, fn(*mut CUuuid, CUdevice) -> CUresult, &mut u, dev))?;
+    (r == CUDA_SUCCESS).then_some(u)
+}
+
+/// Physical memory of `dev` (the real `cuDeviceTotalMem_v2`).
+pub fn device_total_mem(dev: CUdevice) -> Option<u64> {
+    let f: sig::cuDeviceTotalMem_v2 = unsafe { std::mem::transmute(hooked::cuDeviceTotalMem_v2.get()?) };
+    let mut b: usize = 0;
+    // SAFETY: valid out pointer.
+    let r = unsafe { f(&mut b, dev) };
+    (r == CUDA_SUCCESS).then_some(b as u64)
+}
+
+pub fn device_attribute(attr: CUdevice_attribute, dev: CUdevice) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let r = call!(cuDeviceGetAttribute, fn(*mut c_int, CUdevice_attribute, CUdevice) -> CUresult, &mut v, attr, dev)?;
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// Device of the calling thread's current context.
+pub fn current_device() -> Option<CUdevice> {
+    let mut d: CUdevice = 0;
+    let r = call!(cuCtxGetDevice, fn(*mut CUdevice) -> CUresult, &mut d)?;
+    (r == CUDA_SUCCESS).then_some(d)
+}
+
+/// Device a stream belongs to (`cuStreamGetDevice`, CUDA >= 12.8), else the current device.
+pub fn stream_device(stream: CUstream) -> Option<CUdevice> {
+    let mut d: CUdevice = 0;
+    match call!(cuStreamGetDevice, fn(CUstream, *mut CUdevice) -> CUresult, stream, &mut d) {
+        Some(CUDA_SUCCESS) => Some(d),
+        _ => current_device(),
+    }
+}
+
+/// Free/total of the current context's device from the real `cuMemGetInfo_v2`.
+pub fn mem_get_info() -> Option<(u64, u64)> {
+    let f: sig::cuMemGetInfo_v2 = unsafe { std::mem::transmute(hooked::cuMemGetInfo_v2.get()?) };
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out pointers.
+    let r = unsafe { f(&mut free, &mut total) };
+    (r == CUDA_SUCCESS).then_some((free as u64, total as u64))
+}
+
+/// Advise the driver that managed memory `[ptr, ptr+len)` prefers device `dev`.
+pub fn advise_preferred_device(ptr: CUdeviceptr, len: usize, dev: CUdevice) -> bool {
+    let loc = CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    let r = call!(cuMemAdvise_v2, fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation) -> CUresult,
+        ptr, len, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc)
+    .or_else(|| call!(cuMemAdvise, fn(CUdeviceptr, usize, CUmem_advise, CUdevice) -> CUresult,
+        ptr, len, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, dev));
+    r == Some(CUDA_SUCCESS)
+}
+
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's spelling of a CUDA UUID).
+pub fn uuid_string(u: &CUuuid) -> String {
+    use std::fmt::Write;
+    let b = &u.bytes;
+    let mut s = String::with_capacity(40);
+    s.push_str("GPU-");
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVML (opened lazily: only context measurement and NVML hooks get here)
+
+/// Initialize NVML once for our own queries (NVML counts init calls; the program's own
+/// `nvmlShutdown` cannot take ours away). `false` when NVML is absent or fails.
+pub fn nvml_ready() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 ok, 2 failed
+    match STATE.load(Ordering::Acquire) {
+        1 => true,
+        2 => false,
+        _ => {
+            let ok = call!(nvmlInit_v2, fn() -> nvmlReturn_t,) == Some(NVML_SUCCESS);
+            STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
+            ok
+        }
+    }
+}
+
+pub fn nvml_handle_by_uuid(uuid: &str) -> Option<nvmlDevice_t> {
+    if !nvml_ready() {
+        return None;
+    }
+    let c = std::ffi::CString::new(uuid).ok()?;
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    let r = call!(nvmlDeviceGetHandleByUUID, fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t, c.as_ptr(), &mut h)?;
+    (r == NVML_SUCCESS && !h.is_null()).then_some(h)
+}
+
+/// Device memory used as NVML reports it (the real `nvmlDeviceGetMemoryInfo`).
+pub fn nvml_used(h: nvmlDevice_t) -> Option<u64> {
+    let f: sig::nvmlDeviceGetMemoryInfo = unsafe { std::mem::transmute(hooked::nvmlDeviceGetMemoryInfo.get()?) };
+    let mut m = nvmlMemory_t::default();
+    // SAFETY: valid handle from NVML and out pointer.
+    let r = unsafe { f(h, &mut m) };
+    (r == NVML_SUCCESS).then_some(m.used)
+}
+
+pub fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
+    let mut buf = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    let r = call!(nvmlDeviceGetUUID, fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t,
+        h, buf.as_mut_ptr(), buf.len() as c_uint)?;
+    if r != NVML_SUCCESS {
+        return None;
+    }
+    // SAFETY: NVML NUL-terminates within the buffer on success; the last byte is NUL anyway.
+    buf[buf.len() - 1] = 0;
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(s.to_string_lossy().into_owned())
+}
+
+pub fn nvml_index(h: nvmlDevice_t) -> Option<u32> {
+    let mut i: c_uint = 0;
+    let r = call!(nvmlDeviceGetIndex, fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t, h, &mut i)?;
+    (r == NVML_SUCCESS).then_some(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn uuid_format() {
+        let u = CUuuid { bytes: [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8] };
+        assert_eq!(uuid_string(&u), "GPU-12345678-9abc-def0-0102-030405060708");
+    }
+}

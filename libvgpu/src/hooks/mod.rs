@@ -1,0 +1,162 @@
+//! The hook table machinery. `hooks!` is invoked exactly once, in `table.rs`; for every entry it
+//! generates
+//! * `sig::NAME`: the C signature as a function-pointer type (policy functions take it),
+//! * `real::NAME`: the lazily resolved real function (`RealFn`, our own driver handle),
+//! * the exported `#[no_mangle] extern "C" fn NAME` shim,
+//! * an entry of `HOOKS` (name, real, hook) used by the `dlsym` override and `cuGetProcAddress`.
+//!
+//! Modes (what the shim does around the real call):
+//! * `policy => f`: lazy init; pass-through when control is disabled, else `f(rt, real, args..)`;
+//! * `init`: lazy init, then the real call unchanged (e.g. `cuInit`);
+//! * `launch(stream_expr)`: `launch::before_launch(stream)`, real call, `launch::after_launch`;
+//!   nothing else on that path (no init, no lock, no clock);
+//! * `sync`: real call, then `launch::after_sync()`.
+//!
+//! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
+//! symbol does not exist in the loaded driver.
+
+use std::ffi::{c_char, c_void, CStr};
+
+pub mod dlsym;
+pub mod procaddr;
+
+/// One hooked symbol.
+pub struct Hook {
+    pub name: &'static CStr,
+    pub real: &'static crate::real::RealFn,
+    /// Address of our exported shim.
+    pub hook: *const (),
+}
+// SAFETY: `hook` is the address of a function (immutable code); the rest is Sync.
+unsafe impl Sync for Hook {}
+
+macro_rules! shim {
+    ($lib:ident policy () $name:ident [$($arg:ident),*] $policy:path) => {
+        $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
+            #[allow(unused_unsafe)]
+            unsafe {
+                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
+                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                match $crate::runtime::ensure() {
+                    Some(rt) => $policy(rt, f, $($arg),*),
+                    None => f($($arg),*),
+                }
+            }
+        })
+    };
+    ($lib:ident init () $name:ident [$($arg:ident),*]) => {
+        $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
+            #[allow(unused_unsafe)]
+            unsafe {
+                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
+                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let _ = $crate::runtime::ensure();
+                f($($arg),*)
+            }
+        })
+    };
+    ($lib:ident launch ($stream:expr) $name:ident [$($arg:ident),*]) => {
+        $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
+            #[allow(unused_unsafe)]
+            unsafe {
+                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
+                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let stream: $crate::ffi::CUstream = $stream;
+                let ticket = $crate::launch::before_launch(stream);
+                let r = f($($arg),*);
+                $crate::launch::after_launch(ticket, stream, r);
+                r
+            }
+        })
+    };
+    ($lib:ident sync () $name:ident [$($arg:ident),*]) => {
+        $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
+            #[allow(unused_unsafe)]
+            unsafe {
+                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
+                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let r = f($($arg),*);
+                $crate::launch::after_sync();
+                r
+            }
+        })
+    };
+}
+
+macro_rules! hooks {
+    ( $( $lib:ident $mode:ident $( ( $($extra:tt)* ) )?
+         fn $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) $( => $policy:path )? ; )* ) => {
+        /// C signatures of the hooked functions, as function-pointer types.
+        #[allow(non_camel_case_types, dead_code)]
+        pub mod sig {
+            #[allow(unused_imports)]
+            use super::*;
+            $( pub type $name = unsafe extern "C" fn( $($ty),* ) -> i32; )*
+        }
+
+        /// The real implementations, resolved lazily on our own library handles.
+        #[allow(non_upper_case_globals, dead_code)]
+        pub mod real {
+            use $crate::real::{Lib, RealFn};
+            $(
+                pub static $name: RealFn = RealFn::new(
+                    Lib::$lib,
+                    match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(c) => c,
+                        Err(_) => panic!("bad hook name"),
+                    },
+                );
+            )*
+        }
+
+        $(
+            #[no_mangle]
+            #[allow(non_snake_case, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> i32 {
+                shim!($lib $mode ( $( $($extra)* )? ) $name [ $( $arg ),* ] $( $policy )? )
+            }
+        )*
+
+        /// Every hooked symbol, in table order.
+        pub static HOOKS: &[$crate::hooks::Hook] = &[
+            $( $crate::hooks::Hook {
+                name: real::$name.name(),
+                real: &real::$name,
+                hook: $name as *const (),
+            }, )*
+        ];
+
+        /// Index in `HOOKS` of the symbol named `name` (exact match), if hooked.
+        pub fn index_of(name: &[u8]) -> Option<usize> {
+            let mut i = 0usize;
+            $(
+                if name == stringify!($name).as_bytes() {
+                    return Some(i);
+                }
+                i += 1;
+            )*
+            let _ = i;
+            None
+        }
+    };
+}
+
+pub mod table;
+
+/// Our hook for the C string `symbol` when it names a hooked function; cheap rejection first
+/// (only names starting with `cu` or `nvml` are looked up). No allocation, no lock.
+///
+/// # Safety
+/// `symbol` must be a valid NUL-terminated string.
+#[inline]
+pub unsafe fn hook_for_cstr(symbol: *const c_char) -> Option<*mut c_void> {
+    let b0 = *symbol as u8;
+    if b0 != b'c' && b0 != b'n' {
+        return None;
+    }
+    let name = CStr::from_ptr(symbol).to_bytes();
+    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) {
+        return None;
+    }
+    table::index_of(name).and_then(|i| table::HOOKS.get(i)).map(|h| h.hook as *mut c_void)
+}

@@ -1,0 +1,124 @@
+//! THE hook table: every intercepted symbol, once. Signatures checked against CUDA 13.0 `cuda.h`
+//! and `nvml.h` (driver 580 exports every name below; unversioned names are the legacy ABIs the
+//! driver still exports and `cuGetProcAddress` may hand out for old `cudaVersion`s).
+
+#![allow(clippy::too_many_arguments)]
+
+#[allow(unused_imports)]
+use crate::ffi::*;
+use crate::{context, memory, meminfo, nvml};
+#[allow(unused_imports)]
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use super::procaddr;
+
+hooks! {
+    // ---- entry points -------------------------------------------------------------------------
+    Cuda policy fn cuInit(flags: c_uint) => context::init;
+    Cuda policy fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
+        flags: cuuint64_t) => procaddr::get_proc_address;
+    Cuda policy fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
+        flags: cuuint64_t, status: *mut CUdriverProcAddressQueryResult) => procaddr::get_proc_address_v2;
+
+    // ---- device memory ------------------------------------------------------------------------
+    Cuda policy fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::mem_alloc;
+    Cuda policy fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) => memory::mem_alloc_v1;
+    Cuda policy fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize,
+        elem: c_uint) => memory::mem_alloc_pitch;
+    Cuda policy fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint,
+        elem: c_uint) => memory::mem_alloc_pitch;
+    Cuda policy fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
+        => memory::mem_alloc_managed;
+    Cuda policy fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
+    Cuda policy fn cuMemFree(dptr: CUdeviceptr_v1) => memory::mem_free_v1;
+    Cuda policy fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+        => memory::mem_alloc_async;
+    Cuda policy fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+        => memory::mem_alloc_async;
+    Cuda policy fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
+        stream: CUstream) => memory::mem_alloc_from_pool_async;
+    Cuda policy fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
+        stream: CUstream) => memory::mem_alloc_from_pool_async;
+    Cuda policy fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
+    Cuda policy fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
+    Cuda policy fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
+        prop: *const CUmemAllocationProp, flags: u64) => memory::mem_create;
+    Cuda policy fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;
+    Cuda policy fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
+        => memory::array_create;
+    Cuda policy fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1)
+        => memory::array_create;
+    Cuda policy fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
+        => memory::array_create;
+    Cuda policy fn cuArray3DCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1)
+        => memory::array_create;
+    Cuda policy fn cuArrayDestroy(handle: CUarray) => memory::array_destroy;
+    Cuda policy fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+        levels: c_uint) => memory::mipmapped_array_create;
+    Cuda policy fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) => memory::mipmapped_array_destroy;
+
+    // ---- contexts (their device memory is charged as MemKind::Context) ---------------------------
+    Cuda policy fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::ctx_create_v1;
+    Cuda policy fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::ctx_create_v2;
+    Cuda policy fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, num_params: c_int,
+        flags: c_uint, dev: CUdevice) => context::ctx_create_v3;
+    Cuda policy fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint,
+        dev: CUdevice) => context::ctx_create_v4;
+    Cuda policy fn cuCtxDestroy(ctx: CUcontext) => context::ctx_destroy;
+    Cuda policy fn cuCtxDestroy_v2(ctx: CUcontext) => context::ctx_destroy;
+    Cuda policy fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain;
+    Cuda policy fn cuDevicePrimaryCtxRelease(dev: CUdevice) => context::primary_release;
+    Cuda policy fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => context::primary_release;
+    Cuda policy fn cuDevicePrimaryCtxReset(dev: CUdevice) => context::primary_reset;
+    Cuda policy fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => context::primary_reset;
+
+    // ---- memory info --------------------------------------------------------------------------
+    Cuda policy fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => meminfo::mem_get_info;
+    Cuda policy fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) => meminfo::mem_get_info_v1;
+    Cuda policy fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => meminfo::device_total_mem;
+    Cuda policy fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) => meminfo::device_total_mem_v1;
+
+    // ---- work submission: the lead's launch gate, nothing else on this path ---------------------
+    Cuda launch(stream) fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+        by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void,
+        extra: *mut *mut c_void);
+    Cuda launch(stream) fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+        by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void,
+        extra: *mut *mut c_void);
+    Cuda launch(if config.is_null() { std::ptr::null_mut() } else { (*config).h_stream })
+        fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void);
+    Cuda launch(if config.is_null() { std::ptr::null_mut() } else { (*config).h_stream })
+        fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void);
+    Cuda launch(stream) fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint,
+        bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void);
+    Cuda launch(stream) fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint,
+        bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void);
+    Cuda launch(if list.is_null() || num_devices == 0 { std::ptr::null_mut() } else { (*list).h_stream })
+        fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, num_devices: c_uint,
+        flags: c_uint);
+    Cuda launch(stream) fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
+    Cuda launch(stream) fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream);
+    Cuda launch(std::ptr::null_mut()) fn cuLaunch(f: CUfunction);
+    Cuda launch(std::ptr::null_mut()) fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int);
+    Cuda launch(stream) fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream);
+
+    // ---- synchronization ----------------------------------------------------------------------
+    Cuda sync fn cuStreamSynchronize(stream: CUstream);
+    Cuda sync fn cuStreamSynchronize_ptsz(stream: CUstream);
+    Cuda sync fn cuCtxSynchronize();
+    Cuda sync fn cuCtxSynchronize_v2(ctx: CUcontext);
+    Cuda sync fn cuEventSynchronize(event: CUevent);
+
+    // ---- NVML (nvidia-smi and monitoring inside the container see the virtual GPU) --------------
+    Nvml policy fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) => nvml::memory_info;
+    Nvml policy fn nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t)
+        => nvml::memory_info;
+    Nvml policy fn nvmlDeviceGetComputeRunningProcesses(dev: nvmlDevice_t, count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_v1_t) => nvml::compute_processes_v1;
+    Nvml policy fn nvmlDeviceGetComputeRunningProcesses_v2(dev: nvmlDevice_t, count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_t) => nvml::compute_processes;
+    Nvml policy fn nvmlDeviceGetComputeRunningProcesses_v3(dev: nvmlDevice_t, count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_t) => nvml::compute_processes;
+}

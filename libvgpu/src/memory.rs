@@ -1,0 +1,512 @@
+//! Device-memory enforcement for every allocation path and its free.
+//!
+//! Rule (design.md "Memory accounting"): reserve in the region *before* the driver call (refuse
+//! with `CUDA_ERROR_OUT_OF_MEMORY` and one info line when over the cap), roll back if the driver
+//! fails, record the allocation in this process's ledger, release on free/destroy. Driver errors
+//! are returned unchanged; unknown pointers pass through untouched. Frees take the ledger entry
+//! out *before* the driver call (so a concurrent allocation that gets the same address after the
+//! free cannot lose its own entry) and put it back if the driver refuses the free.
+//!
+//! Stream-ordered pools (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`): each allocation is charged
+//! as if resident from the call until its `cuMemFreeAsync` (released at enqueue time). Memory a
+//! pool keeps cached after frees is not charged; `cuMemPoolTrimTo` is therefore not hooked.
+//!
+//! Oversubscription (`CUDA_OVERSUBSCRIBE`): a `cuMemAlloc_v2` that the driver refuses with OOM
+//! but that fits under the (possibly larger than physical) cap is served with
+//! `cuMemAllocManaged`, advised to prefer the device when it supports concurrent managed access.
+
+use crate::driver;
+use crate::ffi::*;
+use crate::hooks::table::{real as hooked, sig};
+use crate::runtime::{Ledgers, ProcState, Runtime};
+use std::ffi::c_uint;
+use vgpu_core::ledger::{accounted_size, Allocation, Ledger};
+use vgpu_core::region::{MemKind, ReserveError};
+
+// ---------------------------------------------------------------------------------------------
+// Pure size math (unit-tested)
+
+/// Storage of one texel of `format` with `channels` channels, in bits; for block-compressed
+/// formats the per-texel share of a 4x4 block. `None` for formats we do not know (they are
+/// charged as 16 bytes per texel, the widest known format, rather than not at all).
+pub fn texel_bits(format: CUarray_format, channels: u32) -> Option<u64> {
+    let ch = channels.max(1) as u64;
+    Some(match format {
+        0x01 | 0x08 => 8 * ch,             // (un)signed int8
+        0x02 | 0x09 | 0x10 => 16 * ch,     // (un)signed int16, half
+        0x03 | 0x0a | 0x20 => 32 * ch,     // (un)signed int32, float
+        0xc0 | 0xc6 => 8,                  // unorm/snorm int8 x1
+        0xc1 | 0xc7 | 0xc3 | 0xc9 => 16,   // int8 x2, int16 x1
+        0xc2 | 0xc8 | 0xc4 | 0xca => 32,   // int8 x4, int16 x2
+        0xc5 | 0xcb => 64,                 // int16 x4
+        0x91 | 0x92 | 0x97 | 0x98 => 4,    // BC1, BC4: 8 bytes per 16 texels
+        0x93..=0x96 | 0x99..=0x9e => 8,    // BC2, BC3, BC5, BC6H, BC7: 16 bytes per 16 texels
+        0xb0 => 12,                        // NV12: 8-bit 4:2:0
+        0x9f | 0xa1 => 24,                 // P010, P016: 16-bit 4:2:0
+        0xa2 | 0xa5 => 16,                 // NV16, YUY2: 8-bit 4:2:2
+        0xa3 | 0xa4 | 0xa6 | 0xa7 => 32,   // P210, P216, Y210, Y216: 16-bit 4:2:2
+        0xa8 | 0xa9 | 0x50 => 32,          // AYUV, Y410, 10-10-10-2
+        0xb1 => 64,                        // Y416
+        0xb2 | 0xb4 => 24,                 // 8-bit 4:4:4 planar / semi-planar
+        0xb3 | 0xb5 => 48,                 // 10/16-bit 4:4:4
+        _ => return None,
+    })
+}
+
+fn is_block_compressed(format: CUarray_format) -> bool {
+    matches!(format, 0x91..=0x9e)
+}
+
+/// Bytes of one array level of `w x h x d` texels (0 extents count as 1).
+pub fn level_bytes(format: CUarray_format, channels: u32, w: u64, h: u64, d: u64) -> u64 {
+    let (mut w, mut h) = (w.max(1), h.max(1));
+    if is_block_compressed(format) {
+        w = w.div_ceil(4) * 4;
+        h = h.div_ceil(4) * 4;
+    }
+    let bits = texel_bits(format, channels).unwrap_or(128) as u128;
+    let total = w as u128 * h as u128 * d.max(1) as u128 * bits;
+    u64::try_from(total.div_ceil(8)).unwrap_or(u64::MAX)
+}
+
+/// Bytes of a CUDA array (layers and cubemap faces are in `depth`, as the API defines them).
+pub fn array_bytes(format: CUarray_format, channels: u32, w: u64, h: u64, d: u64) -> u64 {
+    level_bytes(format, channels, w, h, d)
+}
+
+/// Bytes of a mipmapped array: the sum over `levels` levels, each halving width/height (and depth
+/// for true 3D arrays; layered and cubemap arrays keep their layer/face count).
+pub fn mipmapped_bytes(format: CUarray_format, channels: u32, w: u64, h: u64, d: u64, flags: u32, levels: u32) -> u64 {
+    let keep_depth = flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP) != 0;
+    let mut sum: u64 = 0;
+    for l in 0..levels.clamp(1, 64) {
+        let shrink = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
+        let dl = if keep_depth { d } else { shrink(d) };
+        sum = sum.saturating_add(level_bytes(format, channels, shrink(w), shrink(h), dl));
+        if (w >> l) <= 1 && (h >> l) <= 1 && (keep_depth || (d >> l) <= 1) {
+            break;
+        }
+    }
+    sum
+}
+
+/// Upper estimate of the pitch the driver picks for a row of `width` bytes.
+pub fn pitch_estimate(width: u64) -> u64 {
+    width.div_ceil(512).saturating_mul(512)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accounting helpers
+
+type Sel = fn(&mut Ledgers) -> &mut Ledger;
+fn ptrs(l: &mut Ledgers) -> &mut Ledger {
+    &mut l.ptrs
+}
+fn handles(l: &mut Ledgers) -> &mut Ledger {
+    &mut l.handles
+}
+fn arrays(l: &mut Ledgers) -> &mut Ledger {
+    &mut l.arrays
+}
+
+/// Index of a driver device in our tables, when it is one we control.
+pub fn dev_index(ps: &ProcState, dev: CUdevice) -> Option<usize> {
+    let i = usize::try_from(dev).ok()?;
+    (i < ps.devices.len()).then_some(i)
+}
+
+fn current_index(ps: &ProcState) -> Option<usize> {
+    dev_index(ps, driver::current_device()?)
+}
+
+/// Reserve `bytes` on `dev` or say why not (one info line): `Err(CUDA_ERROR_OUT_OF_MEMORY)`.
+pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
+    match ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes) {
+        Ok(()) => Ok(()),
+        Err(ReserveError::OverLimit { used, limit, requested }) => {
+            vgpu_core::info!(
+                "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
+            );
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+        Err(e) => {
+            vgpu_core::warn!("{what}: {bytes} bytes on device {dev} refused: {e}");
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {
+    ps.region.release(ps.slot, dev, MemKind::Data, bytes);
+}
+
+fn record(ps: &ProcState, sel: Sel, key: u64, dev: usize, bytes: u64) {
+    let old = sel(&mut ps.ledgers()).insert(key, Allocation { dev, bytes_accounted: bytes, kind: MemKind::Data });
+    if let Some(o) = old {
+        // A free we never saw (made outside the hook): its charge goes now.
+        ps.region.release(ps.slot, o.dev, o.kind, o.bytes_accounted);
+    }
+}
+
+/// Reserve, run the driver call, record on success (key from `call`) or roll back.
+fn charged<F: FnOnce() -> (CUresult, u64)>(ps: &ProcState, sel: Sel, dev: usize, bytes: u64, what: &str, call: F) -> CUresult {
+    if let Err(e) = reserve(ps, dev, bytes, what) {
+        return e;
+    }
+    let (r, key) = call();
+    if r == CUDA_SUCCESS {
+        record(ps, sel, key, dev, bytes);
+    } else {
+        unreserve(ps, dev, bytes);
+    }
+    r
+}
+
+/// Take the entry out, run the free, release on success or put the entry back.
+fn freed<F: FnOnce() -> CUresult>(ps: &ProcState, sel: Sel, key: u64, call: F) -> CUresult {
+    let entry = sel(&mut ps.ledgers()).remove(key);
+    let r = call();
+    if let Some(a) = entry {
+        if r == CUDA_SUCCESS {
+            ps.region.release(ps.slot, a.dev, a.kind, a.bytes_accounted);
+        } else {
+            sel(&mut ps.ledgers()).insert(key, a);
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear allocations
+
+pub unsafe fn mem_alloc(rt: &'static Runtime, real: sig::cuMemAlloc_v2, dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(dptr, bytesize) };
+    let Some(dev) = current_index(ps) else { return real(dptr, bytesize) };
+    if dptr.is_null() {
+        return real(dptr, bytesize);
+    }
+    let bytes = accounted_size(bytesize as u64);
+    charged(ps, ptrs, dev, bytes, "cuMemAlloc", || {
+        let mut r = real(dptr, bytesize);
+        if r == CUDA_ERROR_OUT_OF_MEMORY && rt.config.oversubscribe && bytesize > 0 {
+            r = managed_fallback(ps, dev, dptr, bytesize);
+        }
+        (r, *dptr)
+    })
+}
+
+/// Serve an allocation the device could not hold from managed memory (oversubscription).
+unsafe fn managed_fallback(ps: &ProcState, dev: usize, dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let Some(p) = hooked::cuMemAllocManaged.get() else { return CUDA_ERROR_OUT_OF_MEMORY };
+    let managed: sig::cuMemAllocManaged = std::mem::transmute(p);
+    let r = managed(dptr, bytesize, CU_MEM_ATTACH_GLOBAL);
+    if r != CUDA_SUCCESS {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let cudev = dev as CUdevice;
+    if driver::device_attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, cudev) == Some(1) {
+        let _ = driver::advise_preferred_device(*dptr, bytesize, cudev);
+    }
+    vgpu_core::info!("cuMemAlloc: {bytesize} bytes on device {dev} served from managed memory (oversubscribed)");
+    let _ = ps;
+    CUDA_SUCCESS
+}
+
+pub unsafe fn mem_alloc_v1(rt: &'static Runtime, real: sig::cuMemAlloc, dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(dptr, bytesize) };
+    let Some(dev) = current_index(ps) else { return real(dptr, bytesize) };
+    if dptr.is_null() {
+        return real(dptr, bytesize);
+    }
+    charged(ps, ptrs, dev, accounted_size(bytesize as u64), "cuMemAlloc", || {
+        let r = real(dptr, bytesize);
+        (r, *dptr as u64)
+    })
+}
+
+pub unsafe fn mem_alloc_managed(rt: &'static Runtime, real: sig::cuMemAllocManaged, dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(dptr, bytesize, flags) };
+    let Some(dev) = current_index(ps) else { return real(dptr, bytesize, flags) };
+    if dptr.is_null() {
+        return real(dptr, bytesize, flags);
+    }
+    charged(ps, ptrs, dev, accounted_size(bytesize as u64), "cuMemAllocManaged", || {
+        let r = real(dptr, bytesize, flags);
+        (r, *dptr)
+    })
+}
+
+/// Integer types of the two pitched-allocation ABIs.
+pub trait Word: Copy {
+    fn to_u64(self) -> u64;
+}
+impl Word for usize {
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+}
+impl Word for u32 {
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+}
+impl Word for u64 {
+    fn to_u64(self) -> u64 {
+        self
+    }
+}
+
+/// Pitched allocation (`cuMemAllocPitch_v2`, and the legacy 32-bit `cuMemAllocPitch`): reserve
+/// an upper estimate (pitch rounded to 512 bytes), then settle on the driver's pitch x height.
+pub unsafe fn mem_alloc_pitch<T: Word, P: Word>(rt: &'static Runtime,
+    real: unsafe extern "C" fn(*mut T, *mut P, P, P, c_uint) -> CUresult,
+    dptr: *mut T, pitch: *mut P, width: P, height: P, elem: c_uint) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(dptr, pitch, width, height, elem) };
+    let Some(dev) = current_index(ps) else { return real(dptr, pitch, width, height, elem) };
+    if dptr.is_null() || pitch.is_null() {
+        return real(dptr, pitch, width, height, elem);
+    }
+    let est = accounted_size(pitch_estimate(width.to_u64()).saturating_mul(height.to_u64()));
+    if let Err(e) = reserve(ps, dev, est, "cuMemAllocPitch") {
+        return e;
+    }
+    let r = real(dptr, pitch, width, height, elem);
+    if r != CUDA_SUCCESS {
+        unreserve(ps, dev, est);
+        return r;
+    }
+    let free_cell = if std::mem::size_of::<T>() == 8 { &hooked::cuMemFree_v2 } else { &hooked::cuMemFree };
+    settle_pitch(ps, dev, est, (*pitch).to_u64().saturating_mul(height.to_u64()), (*dptr).to_u64(), || {
+        if let Some(p) = free_cell.get() {
+            let free: unsafe extern "C" fn(T) -> CUresult = std::mem::transmute(p);
+            let _ = free(*dptr);
+        }
+    })
+}
+
+/// Adjust a pitched allocation's reservation `est` to its real size; frees it (and reports OOM)
+/// if the real size does not fit.
+fn settle_pitch(ps: &ProcState, dev: usize, est: u64, real_bytes: u64, key: u64, free: impl FnOnce()) -> CUresult {
+    let actual = accounted_size(real_bytes);
+    if actual > est {
+        if let Err(e) = reserve(ps, dev, actual - est, "cuMemAllocPitch") {
+            free();
+            unreserve(ps, dev, est);
+            return e;
+        }
+    } else if actual < est {
+        unreserve(ps, dev, est - actual);
+    }
+    record(ps, ptrs, key, dev, actual);
+    CUDA_SUCCESS
+}
+
+pub unsafe fn mem_free(rt: &'static Runtime, real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
+    let Some(ps) = rt.proc_if_ready() else { return real(dptr) };
+    freed(ps, ptrs, dptr, || real(dptr))
+}
+
+pub unsafe fn mem_free_v1(rt: &'static Runtime, real: sig::cuMemFree, dptr: CUdeviceptr_v1) -> CUresult {
+    let Some(ps) = rt.proc_if_ready() else { return real(dptr) };
+    freed(ps, ptrs, dptr as u64, || real(dptr))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream-ordered allocations
+
+pub unsafe fn mem_alloc_async(rt: &'static Runtime, real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(dptr, bytesize, stream) };
+    let Some(dev) = driver::stream_device(stream).and_then(|d| dev_index(ps, d)) else {
+        return real(dptr, bytesize, stream);
+    };
+    if dptr.is_null() {
+        return real(dptr, bytesize, stream);
+    }
+    charged(ps, ptrs, dev, accounted_size(bytesize as u64), "cuMemAllocAsync", || {
+        let r = real(dptr, bytesize, stream);
+        (r, *dptr)
+    })
+}
+
+pub unsafe fn mem_alloc_from_pool_async(rt: &'static Runtime, real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr,
+    bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(dptr, bytesize, pool, stream) };
+    let Some(dev) = driver::stream_device(stream).and_then(|d| dev_index(ps, d)) else {
+        return real(dptr, bytesize, pool, stream);
+    };
+    if dptr.is_null() {
+        return real(dptr, bytesize, pool, stream);
+    }
+    charged(ps, ptrs, dev, accounted_size(bytesize as u64), "cuMemAllocFromPoolAsync", || {
+        let r = real(dptr, bytesize, pool, stream);
+        (r, *dptr)
+    })
+}
+
+pub unsafe fn mem_free_async(rt: &'static Runtime, real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    let Some(ps) = rt.proc_if_ready() else { return real(dptr, stream) };
+    freed(ps, ptrs, dptr, || real(dptr, stream))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Virtual memory management: physical handles (cuMemMap adds no memory)
+
+pub unsafe fn mem_create(rt: &'static Runtime, real: sig::cuMemCreate, handle: *mut CUmemGenericAllocationHandle,
+    size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(handle, size, prop, flags) };
+    if handle.is_null() || prop.is_null() {
+        return real(handle, size, prop, flags);
+    }
+    let p = &*prop;
+    let on_device = p.type_ == CU_MEM_ALLOCATION_TYPE_PINNED && p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
+    let Some(dev) = on_device.then(|| dev_index(ps, p.location.id)).flatten() else {
+        return real(handle, size, prop, flags);
+    };
+    charged(ps, handles, dev, accounted_size(size as u64), "cuMemCreate", || {
+        let r = real(handle, size, prop, flags);
+        (r, *handle)
+    })
+}
+
+pub unsafe fn mem_release(rt: &'static Runtime, real: sig::cuMemRelease, handle: CUmemGenericAllocationHandle) -> CUresult {
+    let Some(ps) = rt.proc_if_ready() else { return real(handle) };
+    freed(ps, handles, handle, || real(handle))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arrays
+
+/// An array descriptor whose storage size we can compute (every descriptor ABI).
+pub trait ArrayDesc {
+    fn bytes(&self) -> u64;
+}
+impl ArrayDesc for CUDA_ARRAY_DESCRIPTOR {
+    fn bytes(&self) -> u64 {
+        array_bytes(self.format, self.num_channels, self.width as u64, self.height as u64, 1)
+    }
+}
+impl ArrayDesc for CUDA_ARRAY_DESCRIPTOR_v1 {
+    fn bytes(&self) -> u64 {
+        array_bytes(self.format, self.num_channels, self.width as u64, self.height as u64, 1)
+    }
+}
+impl ArrayDesc for CUDA_ARRAY3D_DESCRIPTOR {
+    fn bytes(&self) -> u64 {
+        array_bytes(self.format, self.num_channels, self.width as u64, self.height as u64, self.depth as u64)
+    }
+}
+impl ArrayDesc for CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    fn bytes(&self) -> u64 {
+        array_bytes(self.format, self.num_channels, self.width as u64, self.height as u64, self.depth as u64)
+    }
+}
+
+/// `cuArrayCreate[_v2]` / `cuArray3DCreate[_v2]`: charged on the current device.
+pub unsafe fn array_create<D: ArrayDesc>(rt: &'static Runtime, real: unsafe extern "C" fn(*mut CUarray, *const D) -> CUresult,
+    handle: *mut CUarray, desc: *const D) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(handle, desc) };
+    if handle.is_null() || desc.is_null() {
+        return real(handle, desc);
+    }
+    let Some(dev) = current_index(ps) else { return real(handle, desc) };
+    charged(ps, arrays, dev, accounted_size((*desc).bytes()), "cuArrayCreate", || {
+        let r = real(handle, desc);
+        (r, *handle as u64)
+    })
+}
+
+pub unsafe fn array_destroy(rt: &'static Runtime, real: sig::cuArrayDestroy, handle: CUarray) -> CUresult {
+    let Some(ps) = rt.proc_if_ready() else { return real(handle) };
+    freed(ps, arrays, handle as u64, || real(handle))
+}
+
+pub unsafe fn mipmapped_array_create(rt: &'static Runtime, real: sig::cuMipmappedArrayCreate, handle: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(handle, desc, levels) };
+    if handle.is_null() || desc.is_null() {
+        return real(handle, desc, levels);
+    }
+    let Some(dev) = current_index(ps) else { return real(handle, desc, levels) };
+    let d = &*desc;
+    let bytes = mipmapped_bytes(d.format, d.num_channels, d.width as u64, d.height as u64, d.depth as u64, d.flags, levels);
+    charged(ps, arrays, dev, accounted_size(bytes), "cuMipmappedArrayCreate", || {
+        let r = real(handle, desc, levels);
+        (r, *handle as u64)
+    })
+}
+
+pub unsafe fn mipmapped_array_destroy(rt: &'static Runtime, real: sig::cuMipmappedArrayDestroy, handle: CUmipmappedArray) -> CUresult {
+    let Some(ps) = rt.proc_if_ready() else { return real(handle) };
+    freed(ps, arrays, handle as u64, || real(handle))
+}
+
+/// Drop every ledger entry of device `dev` and release its charges (its last context went, and
+/// the driver freed everything allocated in it).
+pub fn drain_device(ps: &ProcState, dev: usize) {
+    let drained: Vec<Allocation> = {
+        let mut l = ps.ledgers();
+        let mut v: Vec<Allocation> = Vec::new();
+        for sel in [ptrs as Sel, handles, arrays] {
+            v.extend(sel(&mut l).drain_device(dev).into_iter().map(|(_, a)| a));
+        }
+        v
+    };
+    for a in drained {
+        ps.region.release(ps.slot, a.dev, a.kind, a.bytes_accounted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn basic_formats() {
+        assert_eq!(array_bytes(0x01, 1, 1024, 1024, 1), MIB); // uint8
+        assert_eq!(array_bytes(0x20, 4, 1024, 256, 1), 4 * MIB); // float4
+        assert_eq!(array_bytes(0x10, 2, 1024, 1024, 2), 8 * MIB); // half2, depth 2
+        assert_eq!(array_bytes(0x03, 1, 100, 0, 0), 400); // 1D: zero extents count as 1
+    }
+
+    #[test]
+    fn packed_and_compressed() {
+        assert_eq!(array_bytes(0xc2, 4, 256, 256, 1), 256 * 256 * 4); // unorm int8x4 ignores channels
+        assert_eq!(array_bytes(0x91, 4, 256, 256, 1), 256 * 256 / 2); // BC1: half a byte per texel
+        assert_eq!(array_bytes(0x91, 4, 5, 5, 1), 8 * 8 / 2); // BC rounds to 4x4 blocks
+        assert_eq!(array_bytes(0x9d, 4, 256, 256, 1), 256 * 256); // BC7: a byte per texel
+        assert_eq!(array_bytes(0xb0, 1, 1920, 1080, 1), 1920 * 1080 * 3 / 2); // NV12
+    }
+
+    #[test]
+    fn unknown_format_is_charged_wide() {
+        assert_eq!(array_bytes(0x7777, 1, 10, 10, 1), 100 * 16);
+    }
+
+    #[test]
+    fn huge_saturates() {
+        assert_eq!(array_bytes(0x20, 4, u32::MAX as u64 * 4, u32::MAX as u64 * 4, u32::MAX as u64), u64::MAX);
+    }
+
+    #[test]
+    fn mipmaps() {
+        // 8x8 uint8, full chain: 64 + 16 + 4 + 1
+        assert_eq!(mipmapped_bytes(0x01, 1, 8, 8, 0, 0, 10), 85);
+        // 2 levels only
+        assert_eq!(mipmapped_bytes(0x01, 1, 8, 8, 0, 0, 2), 80);
+        // layered: depth (layers) never shrinks
+        assert_eq!(mipmapped_bytes(0x01, 1, 4, 4, 3, CUDA_ARRAY3D_LAYERED, 3), (16 + 4 + 1) * 3);
+        // 3D: depth shrinks too
+        assert_eq!(mipmapped_bytes(0x01, 1, 4, 4, 4, 0, 3), 64 + 8 + 1);
+        // cubemap: 6 faces kept
+        assert_eq!(mipmapped_bytes(0x20, 1, 2, 2, 6, CUDA_ARRAY3D_CUBEMAP, 2), (4 + 1) * 4 * 6);
+    }
+
+    #[test]
+    fn pitch() {
+        assert_eq!(pitch_estimate(1), 512);
+        assert_eq!(pitch_estimate(512), 512);
+        assert_eq!(pitch_estimate(513), 1024);
+        assert_eq!(pitch_estimate(0), 0);
+    }
+}
