@@ -123,7 +123,7 @@ pub fn format_size(bytes: u64) -> String {
         for decimals in 0..=2u32 {
             let scale = 10u128.pow(decimals);
             let v = bytes as u128 * scale;
-            if v % unit as u128 == 0 {
+            if v.is_multiple_of(unit as u128) {
                 let q = v / unit as u128;
                 if decimals == 0 {
                     return format!("{q}{name}");

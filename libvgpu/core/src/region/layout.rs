@@ -143,8 +143,8 @@ pub const UNCAPPED: u64 = u64::MAX;
 
 const _: () = assert!(std::mem::size_of::<SharedRegionV1>() == V1_SIZE);
 const _: () = assert!(std::mem::size_of::<ProcSlot>() == 1960);
-const _: () = assert!(EXT_OFFSET % 8 == 0 && std::mem::align_of::<ExtHeader>() == 8);
-const _: () = assert!(EXT_BODY_OFFSET % 64 == 0);
+const _: () = assert!(EXT_OFFSET.is_multiple_of(8) && std::mem::align_of::<ExtHeader>() == 8);
+const _: () = assert!(EXT_BODY_OFFSET.is_multiple_of(64));
 const _: () = assert!(std::mem::size_of::<SlotExt>() == 64);
 
 #[cfg(test)]
@@ -204,7 +204,8 @@ mod tests {
         assert_eq!(EXT_BODY_OFFSET % 64, 0);
         assert_eq!(offset_of!(ExtBody, limiter), 0);
         assert_eq!(offset_of!(ExtBody, slots), 16 * 128);
-        assert!(TOTAL_SIZE > V1_SIZE);
+        assert_eq!(EXT_BODY_OFFSET, 2_009_536);
+        assert_eq!(TOTAL_SIZE, 2_081_216);
         assert_eq!(u64::from_le_bytes(EXT_MAGIC).to_le_bytes(), *b"LVGPUEXT");
     }
 }

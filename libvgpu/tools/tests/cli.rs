@@ -1,0 +1,438 @@
+//! CLI tests of shrreg-tool and vgpu-smi against region files made through vgpu-core (no GPU).
+
+use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use vgpu_core::region::{MemKind, Region, RegionInit};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+static N: AtomicUsize = AtomicUsize::new(0);
+
+struct Tmp(PathBuf);
+impl Tmp {
+    fn new() -> Tmp {
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Tmp(std::env::temp_dir().join(format!("vgpu-tools-{}-{n}.cache", std::process::id())))
+    }
+}
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn init() -> RegionInit {
+    let mut i = RegionInit { device_num: 2, uuids: vec!["GPU-1111".into(), "GPU-\"q\"".into()], ..Default::default() };
+    i.physical = [16 * GIB; 16];
+    i.mem_limits[0] = Some(4 * GIB);
+    i.sm_limits[1] = Some(30);
+    i
+}
+
+/// A region with one live process (this test's handle) using memory on device 0.
+fn populated(p: &Path) -> Region {
+    let r = Region::open(p, &init()).unwrap();
+    let s = r.register(4242).unwrap();
+    r.try_reserve(s, 0, MemKind::Context, 512 * MIB).unwrap();
+    r.try_reserve(s, 0, MemKind::Data, GIB).unwrap();
+    r.set_proc_sm_util(s, 0, 42);
+    r
+}
+
+fn tool(bin: &str) -> Command {
+    let mut c = Command::cargo_bin(bin).unwrap();
+    c.env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    c
+}
+
+fn stdout(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8(a.get_output().stdout.clone()).unwrap()
+}
+
+fn stderr(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8(a.get_output().stderr.clone()).unwrap()
+}
+
+#[test]
+fn print_shows_devices_limits_processes() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let a = tool("shrreg-tool").args(["--file", t.0.to_str().unwrap(), "--print"]).assert().success();
+    let out = stdout(&a);
+    assert!(out.contains("device 0: uuid GPU-1111  memory limit 4.00GiB  used 1.50GiB"), "{out}");
+    assert!(out.contains("device 1:") && out.contains("sm limit 30%"), "{out}");
+    assert!(out.contains("pid 4242") && out.contains("sm util 42%"), "{out}");
+    assert!(out.contains("running"), "{out}");
+}
+
+#[test]
+fn path_from_env() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let a = tool("shrreg-tool").env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &t.0).arg("--print").assert().success();
+    assert!(stdout(&a).contains("pid 4242"));
+}
+
+#[test]
+fn suspend_resume() {
+    let t = Tmp::new();
+    let r = populated(&t.0);
+    let f = t.0.to_str().unwrap();
+    tool("shrreg-tool").args(["--file", f, "--suspend"]).assert().success();
+    assert!(r.suspended());
+    let a = tool("shrreg-tool").args(["--file", f, "--print"]).assert().success();
+    assert!(stdout(&a).contains("SUSPENDED"));
+    tool("shrreg-tool").args(["--file", f, "--resume"]).assert().success();
+    assert!(!r.suspended());
+}
+
+#[test]
+fn set_limits() {
+    let t = Tmp::new();
+    let r = populated(&t.0);
+    let f = t.0.to_str().unwrap();
+    let e = r.limits_epoch();
+    tool("shrreg-tool").args(["--file", f, "--set-sm-limit", "0", "25"]).assert().success();
+    assert_eq!(r.sm_limit(0), Some(25));
+    tool("shrreg-tool").args(["--file", f, "--set-sm-limit", "1", "100"]).assert().success();
+    assert_eq!(r.sm_limit(1), None);
+    tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "1", "2g"]).assert().success();
+    assert_eq!(r.limit(1), Some(2 * GIB));
+    tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "1", "50%"]).assert().success();
+    assert_eq!(r.limit(1), Some(8 * GIB));
+    tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "1", "0"]).assert().success();
+    assert_eq!(r.limit(1), None);
+    // below current use: accepted, nothing freed, new allocations refused
+    let a = tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "0", "1g"]).assert().success();
+    assert!(stdout(&a).contains("refused"), "{}", stdout(&a));
+    assert_eq!(r.device_used(0), 1536 * MIB);
+    let s = r.live_slots().next().unwrap();
+    assert!(r.try_reserve(s, 0, MemKind::Data, 1).is_err());
+    assert!(r.limits_epoch() > e);
+    // several actions in one run
+    tool("shrreg-tool").args(["--file", f, "--suspend", "--set-sm-limit", "0", "60", "--print"]).assert().success();
+    assert!(r.suspended() && r.sm_limit(0) == Some(60));
+}
+
+#[test]
+fn error_paths() {
+    let t = Tmp::new();
+    let f = t.0.to_str().unwrap().to_string();
+    // missing region
+    for args in [vec!["--print"], vec!["--suspend"], vec!["--set-sm-limit", "0", "5"]] {
+        let a = tool("shrreg-tool").args(["--file", &f]).args(&args).assert().code(1);
+        let e = stderr(&a);
+        assert!(e.contains("does not exist") && e.lines().count() == 1, "{e}");
+    }
+    let _r = populated(&t.0);
+    for (args, needle) in [
+        (vec!["--set-sm-limit", "16", "5"], "invalid device index"),
+        (vec!["--set-sm-limit", "x", "5"], "invalid device index"),
+        (vec!["--set-sm-limit", "0", "101"], "invalid SM limit"),
+        (vec!["--set-sm-limit", "0", "-1"], "invalid SM limit"),
+        (vec!["--set-mem-limit", "0", "12x"], "invalid size \"12x\""),
+        (vec!["--set-mem-limit", "-1", "1g"], "invalid device index"),
+    ] {
+        let a = tool("shrreg-tool").args(["--file", &f]).args(&args).assert().code(1);
+        let e = stderr(&a);
+        assert!(e.contains(needle) && e.lines().count() == 1, "{args:?}: {e}");
+    }
+    // usage errors
+    tool("shrreg-tool").args(["--file", &f]).assert().code(2);
+    tool("shrreg-tool").args(["--bogus"]).assert().code(2);
+    tool("shrreg-tool").args(["--set-sm-limit", "0"]).assert().code(2);
+    tool("shrreg-tool").args(["--help"]).assert().success();
+    // corrupt file
+    let t2 = Tmp::new();
+    std::fs::write(&t2.0, b"garbage").unwrap();
+    let a = tool("shrreg-tool").args(["--file", t2.0.to_str().unwrap(), "--print"]).assert().code(1);
+    assert!(stderr(&a).contains("invalid"), "{}", stderr(&a));
+    let a = tool("vgpu-smi").args(["--file", t2.0.to_str().unwrap()]).assert().code(1);
+    assert!(stderr(&a).contains("invalid"));
+    assert_eq!(std::fs::read(&t2.0).unwrap(), b"garbage", "tools never repair");
+}
+
+#[test]
+fn create_new_and_version() {
+    let t = Tmp::new();
+    let f = t.0.to_str().unwrap();
+    tool("shrreg-tool")
+        .args(["--file", f, "--create_new"])
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "3000m")
+        .env("CUDA_DEVICE_SM_LIMIT", "40")
+        .assert()
+        .success();
+    let r = Region::open_existing(&t.0).unwrap();
+    assert_eq!(r.limit(0), Some(3000 * MIB));
+    assert_eq!(r.sm_limit(0), Some(40));
+    drop(r);
+    let a = tool("shrreg-tool").args(["--file", f, "--version"]).assert().success();
+    assert!(stdout(&a).contains("layout 1.2"), "{}", stdout(&a));
+    // refused while a live process uses the region
+    let _live = populated(&t.0);
+    let a = tool("shrreg-tool").args(["--file", f, "--create_new"]).assert().code(1);
+    assert!(stderr(&a).contains("live processes"), "{}", stderr(&a));
+}
+
+#[test]
+fn read_only_file_prints() {
+    // SAFETY: trivial syscall.
+    if unsafe { libc::geteuid() } == 0 {
+        return; // root ignores file modes
+    }
+    let t = Tmp::new();
+    drop(Region::create_new(&t.0, &init()).unwrap());
+    std::fs::set_permissions(&t.0, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+    tool("shrreg-tool").args(["--file", t.0.to_str().unwrap(), "--print"]).assert().success();
+    tool("vgpu-smi").args(["--file", t.0.to_str().unwrap()]).assert().success();
+    let a = tool("shrreg-tool").args(["--file", t.0.to_str().unwrap(), "--suspend"]).assert().code(1);
+    assert!(stderr(&a).contains("permission denied"));
+}
+
+#[test]
+fn smi_table() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap()]).assert().success();
+    let out = stdout(&a);
+    assert!(out.contains("GPU-1111") && out.contains("1536MiB / 4096MiB"), "{out}");
+    assert!(out.contains("4242"), "{out}");
+    assert!(out.contains("unlimited"), "{out}");
+}
+
+// ---------- a minimal JSON parser, to check structure ----------
+
+#[derive(Debug, PartialEq)]
+enum J {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+impl J {
+    fn get(&self, k: &str) -> &J {
+        match self {
+            J::Obj(m) => &m.iter().find(|(kk, _)| kk == k).unwrap_or_else(|| panic!("no key {k}")).1,
+            _ => panic!("not an object"),
+        }
+    }
+    fn arr(&self) -> &Vec<J> {
+        match self {
+            J::Arr(a) => a,
+            _ => panic!("not an array"),
+        }
+    }
+    fn num(&self) -> f64 {
+        match self {
+            J::Num(n) => *n,
+            _ => panic!("not a number: {self:?}"),
+        }
+    }
+}
+
+struct P<'a>(&'a [u8], usize);
+
+impl P<'_> {
+    fn ws(&mut self) {
+        while self.1 < self.0.len() && b" \t\r\n".contains(&self.0[self.1]) {
+            self.1 += 1;
+        }
+    }
+    fn eat(&mut self, s: &str) -> Result<(), String> {
+        if self.0[self.1..].starts_with(s.as_bytes()) {
+            self.1 += s.len();
+            Ok(())
+        } else {
+            Err(format!("expected {s} at {}", self.1))
+        }
+    }
+    fn value(&mut self) -> Result<J, String> {
+        self.ws();
+        let c = *self.0.get(self.1).ok_or("eof")?;
+        let v = match c {
+            b'n' => self.eat("null").map(|_| J::Null)?,
+            b't' => self.eat("true").map(|_| J::Bool(true))?,
+            b'f' => self.eat("false").map(|_| J::Bool(false))?,
+            b'"' => J::Str(self.string()?),
+            b'[' => {
+                self.1 += 1;
+                let mut a = Vec::new();
+                self.ws();
+                if self.eat("]").is_err() {
+                    loop {
+                        a.push(self.value()?);
+                        self.ws();
+                        if self.eat(",").is_ok() {
+                            continue;
+                        }
+                        self.eat("]")?;
+                        break;
+                    }
+                }
+                J::Arr(a)
+            }
+            b'{' => {
+                self.1 += 1;
+                let mut m = Vec::new();
+                self.ws();
+                if self.eat("}").is_err() {
+                    loop {
+                        self.ws();
+                        let k = self.string()?;
+                        self.ws();
+                        self.eat(":")?;
+                        m.push((k, self.value()?));
+                        self.ws();
+                        if self.eat(",").is_ok() {
+                            continue;
+                        }
+                        self.eat("}")?;
+                        break;
+                    }
+                }
+                J::Obj(m)
+            }
+            _ => {
+                let start = self.1;
+                while self.1 < self.0.len() && b"+-0123456789.eE".contains(&self.0[self.1]) {
+                    self.1 += 1;
+                }
+                let s = std::str::from_utf8(&self.0[start..self.1]).unwrap();
+                J::Num(s.parse().map_err(|_| format!("bad number {s:?}"))?)
+            }
+        };
+        Ok(v)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        self.eat("\"")?;
+        let mut out = String::new();
+        loop {
+            let c = *self.0.get(self.1).ok_or("eof in string")?;
+            self.1 += 1;
+            match c {
+                b'"' => return Ok(out),
+                b'\\' => {
+                    let e = *self.0.get(self.1).ok_or("eof")?;
+                    self.1 += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'n' => out.push('\n'),
+                        b't' => out.push('\t'),
+                        b'r' => out.push('\r'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'u' => {
+                            let h = std::str::from_utf8(&self.0[self.1..self.1 + 4]).unwrap();
+                            out.push(char::from_u32(u32::from_str_radix(h, 16).map_err(|e| e.to_string())?).unwrap());
+                            self.1 += 4;
+                        }
+                        _ => return Err("bad escape".into()),
+                    }
+                }
+                c if c < 0x20 => return Err("raw control char in string".into()),
+                _ => {
+                    // copy one UTF-8 sequence
+                    let start = self.1 - 1;
+                    let len = match c {
+                        0..=0x7f => 1,
+                        0xc0..=0xdf => 2,
+                        0xe0..=0xef => 3,
+                        _ => 4,
+                    };
+                    out.push_str(std::str::from_utf8(&self.0[start..start + len]).map_err(|e| e.to_string())?);
+                    self.1 = start + len;
+                }
+            }
+        }
+    }
+}
+
+fn parse_json(s: &str) -> J {
+    let mut p = P(s.as_bytes(), 0);
+    let v = p.value().unwrap_or_else(|e| panic!("{e}: {s}"));
+    p.ws();
+    assert_eq!(p.1, s.len(), "trailing data in {s}");
+    v
+}
+
+#[test]
+fn smi_json() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap(), "--json"]).assert().success();
+    let j = parse_json(stdout(&a).trim());
+    assert_eq!(j.get("suspended"), &J::Bool(false));
+    let devs = j.get("devices").arr();
+    assert_eq!(devs.len(), 2);
+    assert_eq!(devs[0].get("memory_limit_bytes").num(), (4 * GIB) as f64);
+    assert_eq!(devs[0].get("memory_used_bytes").num(), (1536 * MIB) as f64);
+    assert_eq!(devs[1].get("memory_limit_bytes"), &J::Null);
+    assert_eq!(devs[1].get("uuid"), &J::Str("GPU-\"q\"".into()));
+    assert_eq!(devs[1].get("sm_limit_percent").num(), 30.0);
+    let procs = devs[0].get("processes").arr();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(procs[0].get("pid").num(), 4242.0);
+    assert_eq!(procs[0].get("context_bytes").num(), (512 * MIB) as f64);
+}
+
+#[test]
+fn smi_metrics_well_formed() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap(), "--metrics"]).assert().success();
+    let out = stdout(&a);
+    let mut typed = std::collections::HashSet::new();
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            typed.insert(it.next().unwrap().to_string());
+            assert_eq!(it.next(), Some("gauge"));
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        // name{labels} value  |  name value
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+        value.parse::<f64>().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{line}");
+        assert!(typed.contains(name), "series before its TYPE: {line}");
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
+            }
+        }
+    }
+    assert!(out.contains("vGPU_device_memory_usage_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\"} 1610612736"), "{out}");
+    assert!(out.contains("vGPU_device_memory_limit_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\"} 4294967296"));
+    assert!(out.contains("vGPU_device_memory_limit_in_bytes{vdeviceid=\"1\",deviceuuid=\"GPU-\\\"q\\\"\"} 17179869184"), "{out}");
+    assert!(out.contains("Device_utilization_desc_of_container{"));
+    assert!(out.contains("vgpu_process_memory_usage_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\",pid=\"4242\"} 1610612736"));
+    assert!(out.contains("\nvgpu_suspended 0\n"));
+}
+
+#[test]
+fn smi_watch_and_errors() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let f = t.0.to_str().unwrap();
+    let start = std::time::Instant::now();
+    let a = tool("vgpu-smi").args(["--file", f, "--watch", "--count", "2", "--json"]).assert().success();
+    assert!(start.elapsed() >= std::time::Duration::from_millis(900));
+    let out = stdout(&a);
+    assert_eq!(out.lines().count(), 2);
+    for l in out.lines() {
+        parse_json(l);
+    }
+    tool("vgpu-smi").args(["--file", f, "--count", "0"]).assert().code(2);
+    tool("vgpu-smi").args(["--bogus"]).assert().code(2);
+    let a = tool("vgpu-smi").args(["--file", "/nonexistent/x.cache"]).assert().code(1);
+    assert!(stderr(&a).contains("does not exist"));
+}
