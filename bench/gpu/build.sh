@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Build the CUDA-runtime benchmarks on the GPU machine (needs nvcc; targets sm_90 = H100/H200).
+# Output: bench/gpu/bin/runtime_launch next to this script. Usage: bench/gpu/build.sh [nvcc args]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[ -x "$NVCC" ] || { echo "error=nvcc_not_found (set NVCC=/path/to/nvcc)"; exit 1; }
+mkdir -p "$here/bin"
+# Static cudart (nvcc's default): it reaches libcuda.so.1 by dlopen + cuGetProcAddress_v2,
+# the same path as the runtime inside PyTorch.
+"$NVCC" -O2 -arch=sm_90 -o "$here/bin/runtime_launch" "$here/runtime_launch.cu" "$@"
+echo "built=$here/bin/runtime_launch"
