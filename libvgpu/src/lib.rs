@@ -14,6 +14,7 @@ pub mod hooks;
 mod launch;
 pub mod meminfo;
 pub mod memory;
+mod monitor;
 pub mod nvml;
 pub mod real;
 pub mod runtime;

@@ -137,6 +137,11 @@ impl Runtime {
             Some(())
         });
         if done {
+            if let Some(rt) = get() {
+                crate::monitor::start(rt);
+            }
+        }
+        if done {
             self.proc_if_ready()
         } else {
             None
@@ -157,6 +162,7 @@ impl Runtime {
     /// Child side of fork: new slot, new ledgers, same devices.
     #[cold]
     fn after_fork(&self) {
+        crate::monitor::after_fork_child();
         self.proc_once.reset_in_child();
         let old = self.proc.swap(std::ptr::null_mut(), Ordering::AcqRel);
         let reuse = if old.is_null() {

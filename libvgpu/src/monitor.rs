@@ -1,0 +1,134 @@
+//! The monitor thread (started lazily by init, never by a constructor) and the cap/pause policy
+//! the launch gate asks about.
+//!
+//! Every `TICK`: recompute `launch::GATE` from the shared region (so `shrreg-tool --set-sm-limit`,
+//! `--suspend` and the HAMi monitor's fields take effect in running processes within a tick),
+//! flush pending limiter occupancy, close utilization windows and publish this process's
+//! SM utilization and last-kernel time into the HAMi v1 fields the monitor exports.
+
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::time::Duration;
+
+use vgpu_core::config::UtilPolicy;
+use vgpu_core::limiter::CapPercent;
+use vgpu_core::MAX_DEVICES;
+
+use crate::launch::{GATE, LAUNCHED};
+use crate::runtime::{ProcState, Runtime};
+
+/// Monitor period: bounds how late a runtime cap change or a suspend takes effect.
+const TICK: Duration = Duration::from_millis(100);
+/// Stats are published every this many ticks (HAMi fields and per-process utilization).
+const PUBLISH_EVERY: u32 = 2;
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Start the monitor thread once per process (call again after fork in the child: threads do
+/// not survive fork, so the child's flag is reset by `after_fork_child`).
+pub(crate) fn start(rt: &'static Runtime) {
+    if STARTED.swap(true, AcqRel) {
+        return;
+    }
+    if let Some(ps) = rt.proc_if_ready() {
+        refresh_gate(rt, ps);
+    }
+    let spawned = std::thread::Builder::new().name("vgpu-monitor".into()).spawn(move || run(rt));
+    if let Err(e) = spawned {
+        // Without the thread, caps set later are not noticed; caps set now still apply.
+        vgpu_core::error!("cannot start the monitor thread ({e}); run-time limit changes will not apply");
+        GATE.store(true, Release);
+    }
+}
+
+pub(crate) fn after_fork_child() {
+    STARTED.store(false, Release);
+    crate::launch::after_fork_child();
+}
+
+fn run(rt: &'static Runtime) {
+    let mut last_busy = [0u64; MAX_DEVICES];
+    let mut last_at = vgpu_core::clock::now_ns();
+    let mut tick = 0u32;
+    loop {
+        std::thread::sleep(TICK);
+        tick = tick.wrapping_add(1);
+        // Re-read each tick: a forked child replaces the process state.
+        let Some(ps) = rt.proc_if_ready() else { continue };
+        refresh_gate(rt, ps);
+        if tick % PUBLISH_EVERY != 0 {
+            continue;
+        }
+        let now = vgpu_core::clock::now_ns();
+        let elapsed = now.saturating_sub(last_at).max(1);
+        last_at = now;
+        let mut launched = [false; MAX_DEVICES];
+        let mut busy_total = 0;
+        crate::launch::flush_and_report(ps, |dev, busy| {
+            let delta = busy.saturating_sub(last_busy[dev]);
+            last_busy[dev] = busy;
+            busy_total += busy;
+            let pct = (delta.saturating_mul(100) / elapsed).min(100);
+            ps.region.set_proc_sm_util(ps.slot, dev, pct);
+            launched[dev] = delta > 0;
+        });
+        for dev in 0..ps.devices.len() {
+            crate::launch::bucket(ps, dev).roll_window(now);
+        }
+        let ext = ps.region.slot_ext(ps.slot);
+        ext.busy_ns.store(busy_total, Relaxed);
+        if LAUNCHED.swap(false, AcqRel) || launched.iter().any(|&l| l) {
+            ps.region.set_last_kernel_time(vgpu_core::clock::unix_seconds());
+            ext.last_launch_ns.store(now, Relaxed);
+        }
+    }
+}
+
+/// Gate launches when any device has a cap or the container is paused.
+fn refresh_gate(rt: &Runtime, ps: &ProcState) {
+    let paused = ps.region.suspended() || low_priority_paused(rt, ps);
+    let capped = (0..ps.devices.len()).any(|d| effective_cap(rt, ps, d).is_some());
+    GATE.store(paused || capped, Release);
+}
+
+/// HAMi's monitor writes `recent_kernel = -1` to tell lower-priority containers to hold launches.
+fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
+    ps.region.recent_kernel() < 0 && rt.config.priority > 0
+}
+
+/// The share `dev` may use right now. Hard cap from the live region value; the soft cap (if
+/// higher) while the HAMi monitor says the GPU is not contended (`utilization_switch == 0`).
+/// `force` ignores the monitor; `disable` never caps.
+pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
+    let policy = rt.config.policy;
+    if policy == UtilPolicy::Disable {
+        return None;
+    }
+    let hard = ps.region.sm_limit(dev).filter(|&p| p > 0 && p < 100)?;
+    if policy == UtilPolicy::Default && ps.region.utilization_switch() == 0 {
+        if let Some(soft) = ps.region.soft_sm_limit(dev) {
+            if soft > hard {
+                return (soft < 100).then_some(soft);
+            }
+        }
+    }
+    Some(hard)
+}
+
+/// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
+/// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
+pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
+    let start = vgpu_core::clock::now_ns();
+    let mut said = false;
+    loop {
+        let suspended = ps.region.suspended();
+        let priority_hold = low_priority_paused(rt, ps) && vgpu_core::clock::now_ns() - start < max_ns;
+        if !suspended && !priority_hold {
+            return;
+        }
+        if !said {
+            vgpu_core::info!("launches held: {}", if suspended { "container suspended" } else { "lower priority" });
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
