@@ -11,7 +11,7 @@ mod exports;
 mod ffi;
 
 use ffi::*;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 
 /// One exported implementation and how cuGetProcAddress reaches it.
@@ -27,19 +27,7 @@ pub struct Export {
 fn guard(name: &'static str, calls: &AtomicU64, f: impl FnOnce() -> CUresult) -> CUresult {
     static INJ: OnceLock<mock_gpu::Injection> = OnceLock::new();
     let inj = INJ.get_or_init(|| mock_gpu::Injection::from_env("MOCK_CUDA"));
-    if !inj.is_empty() {
-        let n = calls.fetch_add(1, Relaxed) + 1;
-        if let Some(code) = inj.apply(name, n) {
-            return code;
-        }
-    }
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => {
-            eprintln!("[mock-cuda] error: panic inside {name}; returning CUDA_ERROR_UNKNOWN");
-            CUDA_ERROR_UNKNOWN
-        }
-    }
+    mock_gpu::faults::guarded(inj, name, calls, CUDA_ERROR_UNKNOWN, f)
 }
 
 macro_rules! per_thread {

@@ -70,6 +70,24 @@ impl Injection {
     }
 }
 
+/// What every export of the mocks runs: count the call, apply injected delay/fault, then run the
+/// body with panics caught (a panic must never unwind into C: it becomes `on_panic`).
+pub fn guarded(inj: &Injection, name: &str, calls: &std::sync::atomic::AtomicU64, on_panic: u32, f: impl FnOnce() -> u32) -> u32 {
+    if !inj.is_empty() {
+        let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if let Some(code) = inj.apply(name, n) {
+            return code;
+        }
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            eprintln!("[mock-gpu] error: panic inside {name}; returning {on_panic}");
+            on_panic
+        }
+    }
+}
+
 fn parse_fault(item: &str) -> Option<FaultRule> {
     let mut parts = item.split(':').map(str::trim);
     let name = parts.next()?.to_string();
@@ -104,6 +122,15 @@ mod tests {
         assert_eq!(inj.fault_for("cuMemFree_v2", 500), Some(1));
         assert_eq!(inj.delay_us("cuInit"), 10);
         assert_eq!(inj.delay_us("cuMemAlloc_v2"), 0);
+    }
+
+    #[test]
+    fn guard_counts_faults_and_catches_panics() {
+        let inj = Injection::parse(Some("f:2:7"), None, "T");
+        let calls = std::sync::atomic::AtomicU64::new(0);
+        assert_eq!(guarded(&inj, "f", &calls, 999, || 0), 0);
+        assert_eq!(guarded(&inj, "f", &calls, 999, || 0), 7);
+        assert_eq!(guarded(&inj, "f", &calls, 999, || panic!("boom")), 999);
     }
 
     #[test]

@@ -43,7 +43,11 @@ pub struct Device {
 struct Bucket {
     idx: AtomicU64,
     busy_ns: AtomicU64,
+    /// First and last busy instant within the bucket (offsets from its start): `first << 32 | last`.
+    span: AtomicU64,
 }
+
+const EMPTY_SPAN: u64 = (u32::MAX as u64) << 32;
 
 #[repr(C)]
 pub struct SlotDev {
@@ -362,6 +366,7 @@ impl GpuState {
             sd.last_end.store(0, Relaxed);
             for b in &sd.ring {
                 b.busy_ns.store(0, Relaxed);
+                b.span.store(EMPTY_SPAN, Relaxed);
                 b.idx.store(0, Relaxed);
             }
         }
@@ -495,15 +500,20 @@ impl GpuState {
             let bucket = &sd.ring[(b % RING as u64) as usize];
             if bucket.idx.load(Acquire) != b {
                 bucket.busy_ns.store(0, Release);
+                bucket.span.store(EMPTY_SPAN, Release);
                 bucket.idx.store(b, Release);
             }
             bucket.busy_ns.fetch_add(seg_end - t, AcqRel);
+            let (first, last) = (t - b * BUCKET_NS, seg_end - b * BUCKET_NS);
+            let _ = bucket.span.fetch_update(AcqRel, Acquire, |v| {
+                Some(((v >> 32).min(first) << 32) | (v & 0xFFFF_FFFF).max(last))
+            });
             t = seg_end;
         }
     }
 
     /// Busy nanoseconds of slot `s` on device `d` within `[t0, t1)` (clipped to now), assuming
-    /// busy time spreads evenly within a 10 ms bucket.
+    /// busy time spreads evenly between the first and last busy instant of each 10 ms bucket.
     pub fn busy_ns(&self, s: usize, d: usize, t0: u64, t1: u64) -> u64 {
         let t1 = t1.min(now_ns());
         if t1 <= t0 {
@@ -519,9 +529,14 @@ impl GpuState {
                 continue;
             }
             let busy = bucket.busy_ns.load(Acquire) as u128;
-            let (bs, be) = (b * BUCKET_NS, (b + 1) * BUCKET_NS);
+            let span = bucket.span.load(Acquire);
+            let (first, last) = ((span >> 32).min(BUCKET_NS), (span & 0xFFFF_FFFF).min(BUCKET_NS));
+            let (bs, be) = (b * BUCKET_NS + first, b * BUCKET_NS + last.max(first));
+            if be <= bs || be <= t0 || bs >= t1 {
+                continue;
+            }
             let overlap = (be.min(t1) - bs.max(t0)) as u128;
-            total += (busy * overlap / BUCKET_NS as u128).min(overlap);
+            total += (busy * overlap / (be - bs) as u128).min(overlap);
         }
         total as u64
     }
@@ -611,8 +626,10 @@ mod tests {
         assert_eq!(e2, s2 + 2_000_000);
         crate::sleep_until_ns(e2 + 1_000_000);
         let busy = st.busy_ns(s, 0, t0, now_ns());
-        // Buckets spread busy time evenly, so allow one bucket of slack at each end.
-        assert!(busy > 3_000_000 && busy <= 5_000_000, "busy {busy}");
+        assert_eq!(busy, 5_000_000, "the window covers both kernels whole");
+        // A window starting mid-way counts part of the busy span (spread evenly within a bucket).
+        let part = st.busy_ns(s, 0, s2, now_ns());
+        assert!(part > 1_000_000 && part < 3_500_000, "part {part}");
         assert_eq!(st.device_busy_ns(1, t0, now_ns()), 0);
         let _ = std::fs::remove_file(&p);
     }
