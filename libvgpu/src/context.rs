@@ -4,7 +4,9 @@
 //! usage, so it is charged against the cap as `MemKind::Context`: when the first context of this
 //! process appears on a device (primary retain or `cuCtxCreate*`), we take the region's device
 //! lock, read the device's used memory from NVML, create the context, read it again and charge the
-//! difference (rounded up to 2 MiB, at most 4 GiB). Without NVML, or when the difference is not
+//! difference (rounded up to 2 MiB, at most 4 GiB). When NVML lists this process's own PID (shared
+//! PID namespace) its per-process figure is used instead: exact even while other processes
+//! allocate or free during the measurement (it also records the host PID in the region). Without NVML, or when the difference is not
 //! plausible (negative: someone else freed memory meanwhile), `VGPU_CONTEXT_RESERVE` (default
 //! 512 MiB) is charged instead. The charge is unconditional (the memory exists already) and is
 //! released, together with every allocation still recorded on that device (the driver freed
@@ -79,7 +81,17 @@ fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: i
     }
     let after = nvml.and_then(driver::nvml_used);
     let default = rt.config.context_reserve(info.map_or(0, |d| d.physical_total));
-    let bytes = context_charge(before, after, default);
+    // Best source: NVML's per-process figure for this very process (exact, immune to other
+    // tenants), available when NVML lists our PID (shared PID namespace). The process holds
+    // nothing else on this device yet, this being its first context there.
+    let own = nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)).filter(|&b| b <= MAX_CONTEXT_BYTES);
+    let bytes = match own {
+        Some(b) => {
+            ps.region.set_hostpid(ps.slot, ps.pid as i32);
+            accounted_size(b)
+        }
+        None => context_charge(before, after, default),
+    };
     match &guard {
         Some(g) => g.charge(ps.slot, MemKind::Context, bytes),
         None => charge_unlocked(ps, dev, bytes),

@@ -184,3 +184,26 @@ mod tests {
         assert_eq!(uuid_string(&u), "GPU-12345678-9abc-def0-0102-030405060708");
     }
 }
+
+/// Device memory NVML attributes to process `pid` on device `h` (from the real compute process
+/// list); `None` when NVML cannot say or `pid` is not listed (e.g. a container PID namespace:
+/// NVML lists host PIDs).
+pub fn nvml_process_used(h: nvmlDevice_t, pid: u32) -> Option<u64> {
+    let f: sig::nvmlDeviceGetComputeRunningProcesses_v3 =
+        unsafe { std::mem::transmute(hooked::nvmlDeviceGetComputeRunningProcesses_v3.get()?) };
+    let mut cap = 64usize;
+    while cap <= 4096 {
+        let mut buf = vec![nvmlProcessInfo_t::default(); cap];
+        let mut n = cap as c_uint;
+        // SAFETY: `buf` holds `n` entries.
+        let r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
+        match r {
+            NVML_SUCCESS => {
+                return buf.iter().take(n as usize).find(|p| p.pid == pid).map(|p| p.used_gpu_memory);
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => cap = (n as usize).max(cap * 2),
+            _ => return None,
+        }
+    }
+    None
+}

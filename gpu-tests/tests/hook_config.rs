@@ -1,0 +1,103 @@
+//! Bad configuration: every malformed value gives exactly one clear line naming the variable, and
+//! the hook fails closed (a malformed memory limit caps the device at 0, never uncapped).
+
+mod hook_util;
+use hook_util::*;
+
+/// Run test_vram_limit (64 MiB steps, at most 1 GiB) with `vars`; returns (stdout, stderr).
+fn run_with(vars: &[(&str, &str)]) -> (String, String) {
+    let s = Scratch::new("hk-cfg");
+    let mut c = hooked("test_vram_limit", &s, None);
+    c.args(["--step", "64m", "--max", "1g"]);
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let out = output(&mut c);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{vars:?}: {}\n{stdout}\n{stderr}", out.status);
+    (stdout, stderr)
+}
+
+fn one_line_naming(stderr: &str, var: &str) {
+    let hits: Vec<&str> = stderr.lines().filter(|l| l.contains(var)).collect();
+    assert_eq!(hits.len(), 1, "expected one line naming {var}, got:\n{stderr}");
+    assert!(hits[0].contains("libvgpu"), "{hits:?}");
+}
+
+#[test]
+fn malformed_memory_limits_block_the_device() {
+    for (var, val) in [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "2GBx"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "lots"),
+        ("CUDA_MEM_LIMIT", "1.5.5g"),
+        ("CUDA_MEM_LIMIT_0", "-1g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", ""),
+    ] {
+        let (out, err) = run_with(&[(var, val)]);
+        one_line_naming(&err, var);
+        assert_eq!(num(&out, "allocations"), 0, "{var}={val:?} must cap the device at 0:\n{out}");
+        assert_eq!(value(&out, "stop_reason"), Some("oom"), "{out}");
+    }
+}
+
+#[test]
+fn malformed_other_values_one_line_each() {
+    for (var, val) in [
+        ("CUDA_DEVICE_SM_LIMIT", "half"),
+        ("CUDA_DEVICE_SM_LIMIT_0", "250"),
+        ("CUDA_OVERSUBSCRIBE", "maybe"),
+        ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
+        ("CUDA_TASK_PRIORITY", "high"),
+        ("LIBCUDA_LOG_LEVEL", "loud"),
+        ("VGPU_CONTEXT_RESERVE", "zz"),
+    ] {
+        let (out, err) = run_with(&[(var, val), ("CUDA_DEVICE_MEMORY_LIMIT", "512m")]);
+        one_line_naming(&err, var);
+        // the valid cap still applies: 512 MiB minus the context
+        assert!(num(&out, "allocated_bytes") <= 512 * MIB - CTX + 2 * MIB, "{var}: {out}");
+    }
+}
+
+/// A malformed CUDA_DISABLE_CONTROL leaves control on (fail closed).
+#[test]
+fn malformed_disable_control_keeps_control() {
+    let (out, err) = run_with(&[("CUDA_DISABLE_CONTROL", "perhaps"), ("CUDA_DEVICE_MEMORY_LIMIT", "512m")]);
+    one_line_naming(&err, "CUDA_DISABLE_CONTROL");
+    assert_eq!(num(&out, "allocated_bytes"), 512 * MIB - CTX, "{out}");
+}
+
+/// An unusable region path: one error line, a private region, the cap still enforced.
+#[test]
+fn unusable_region_falls_back_to_private_and_still_caps() {
+    let (out, err) = run_with(&[
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/proc/no-such-dir/cudevshr.cache"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "512m"),
+    ]);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("private region")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert_eq!(num(&out, "allocated_bytes"), 512 * MIB - CTX, "{out}");
+}
+
+/// A corrupt region file nobody uses is recreated (one warning) and used.
+#[test]
+fn corrupt_region_is_recreated() {
+    let s = Scratch::new("hk-corrupt");
+    std::fs::write(s.region(), b"definitely not a region").unwrap();
+    let mut c = hooked("test_vram_limit", &s, Some("512m"));
+    c.args(["--step", "64m"]);
+    let out = output(&mut c);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stderr.lines().filter(|l| l.contains("recreating")).count(), 1, "{stderr}");
+    assert_eq!(num(&stdout, "allocated_bytes"), 512 * MIB - CTX, "{stdout}");
+    assert_eq!(region_limit(&s.region(), 0), Some(512 * MIB));
+}
+
+/// A valid configuration prints nothing at the default log level.
+#[test]
+fn valid_configuration_is_silent() {
+    let (_out, err) = run_with(&[("CUDA_DEVICE_MEMORY_LIMIT", "512m"), ("CUDA_DEVICE_SM_LIMIT", "50")]);
+    assert!(!err.contains("libvgpu"), "{err}");
+}
