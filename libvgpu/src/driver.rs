@@ -1,6 +1,8 @@
 //! Typed access to real driver/NVML functions the policies need but do not hook (queries), plus
 //! convenience wrappers over hooked ones' real implementations. Never goes through our shims.
 #![allow(non_upper_case_globals)]
+// Handles (`CUstream`, `nvmlDevice_t`) are opaque values handed to the driver, never dereferenced.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use crate::ffi::*;
 use crate::hooks::table::{real as hooked, sig};

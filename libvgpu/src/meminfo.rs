@@ -2,6 +2,7 @@
 //! * `cuMemGetInfo`: total = min(cap, physical total); free = min(total - container usage,
 //!   physical free), saturating at 0.
 //! * `cuDeviceTotalMem`: min(cap, physical).
+//!
 //! Uncapped devices (and devices we do not control) report the driver's values unchanged.
 
 use crate::driver;

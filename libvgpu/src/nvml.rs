@@ -48,7 +48,7 @@ fn container_index(rt: &Runtime, h: nvmlDevice_t) -> Option<usize> {
 /// (cap, container usage) of container device `dev`; `None` when uncapped.
 fn cap_and_used(rt: &Runtime, dev: usize, phys_total: u64) -> Option<(u64, u64)> {
     match rt.region_for_read() {
-        Some(r) => Some((r.limit(dev)?, r.device_used(dev))),
+        Some(r) => Some((r.limit(dev)?, crate::runtime::container_used(r, dev))),
         None => Some((rt.config.mem_limit(dev, phys_total)?, 0)),
     }
 }

@@ -83,9 +83,11 @@ impl ProcState {
     pub fn limit(&self, dev: usize) -> Option<u64> {
         self.region.limit(dev)
     }
-    /// Memory used on `dev` by every live process of the container.
+    /// Memory used on `dev` by every live process of the container (dead processes' slots are
+    /// reclaimed first, so a process that exited without cleaning up is not counted). For
+    /// memory-info queries, not for hot paths: it takes the region's table lock.
     pub fn container_used(&self, dev: usize) -> u64 {
-        self.region.device_used(dev)
+        container_used(&self.region, dev)
     }
     pub fn device(&self, dev: usize) -> Option<&DeviceInfo> {
         self.devices.get(dev)
@@ -136,16 +138,14 @@ impl Runtime {
             self.proc.store(Box::into_raw(Box::new(ps)), Ordering::Release);
             Some(())
         });
-        if done {
-            if let Some(rt) = get() {
-                crate::monitor::start(rt);
-            }
+        if !done {
+            return None;
         }
-        if done {
-            self.proc_if_ready()
-        } else {
-            None
+        // The lead's monitor thread (idempotent; restarted in a forked child).
+        if let Some(rt) = get() {
+            crate::monitor::start(rt);
         }
+        self.proc_if_ready()
     }
 
     /// A region to read container usage from: ours when registered, else the existing file
@@ -184,6 +184,12 @@ impl Runtime {
         };
         let _ = self.proc_slow(reuse);
     }
+}
+
+/// Usage of `dev` by the region's live processes, after reclaiming dead ones.
+pub fn container_used(region: &Region, dev: usize) -> u64 {
+    region.reap_dead();
+    region.device_used(dev)
 }
 
 fn build_proc(cfg: &Config, reuse: Option<(Region, Vec<DeviceInfo>)>) -> Option<ProcState> {
