@@ -96,20 +96,26 @@ fn alloc_worker() {
     }
 }
 
+/// NVML loaded by dlopen (+ dlsym, hooked when preloaded), initialized; device 0's handle.
+unsafe fn nvml_device0() -> (libloading::Library, *mut c_void) {
+    let lib = libloading::Library::new("libnvidia-ml.so.1").unwrap();
+    let init: libloading::Symbol<unsafe extern "C" fn() -> u32> = lib.get(b"nvmlInit_v2").unwrap();
+    let by_index: libloading::Symbol<unsafe extern "C" fn(u32, *mut *mut c_void) -> u32> =
+        lib.get(b"nvmlDeviceGetHandleByIndex_v2").unwrap();
+    assert_eq!(init(), 0);
+    let mut h = std::ptr::null_mut();
+    assert_eq!(by_index(0, &mut h), 0);
+    (lib, h)
+}
+
 /// Polls the mock GPU's device-used memory through (unhooked) NVML until the stop file appears.
 fn monitor_worker() {
     let stop = std::env::var("HOOK_MP_STOP").unwrap();
     // SAFETY: mock NVML with nvml.h signatures.
     unsafe {
-        let lib = libloading::Library::new("libnvidia-ml.so.1").unwrap();
-        let init: libloading::Symbol<unsafe extern "C" fn() -> u32> = lib.get(b"nvmlInit_v2").unwrap();
-        let by_index: libloading::Symbol<unsafe extern "C" fn(u32, *mut *mut c_void) -> u32> =
-            lib.get(b"nvmlDeviceGetHandleByIndex_v2").unwrap();
+        let (lib, h) = nvml_device0();
         let info: libloading::Symbol<unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> u32> =
             lib.get(b"nvmlDeviceGetMemoryInfo").unwrap();
-        assert_eq!(init(), 0);
-        let mut h = std::ptr::null_mut();
-        assert_eq!(by_index(0, &mut h), 0);
         let mut max_used = 0u64;
         let mut samples = 0u64;
         println!("monitor_ready=1");
@@ -130,17 +136,11 @@ fn monitor_worker() {
 fn nvml_probe() {
     // SAFETY: (mock) NVML with nvml.h signatures, reached through dlsym (hooked).
     unsafe {
-        let lib = libloading::Library::new("libnvidia-ml.so.1").unwrap();
-        let init: libloading::Symbol<unsafe extern "C" fn() -> u32> = lib.get(b"nvmlInit_v2").unwrap();
-        let by_index: libloading::Symbol<unsafe extern "C" fn(u32, *mut *mut c_void) -> u32> =
-            lib.get(b"nvmlDeviceGetHandleByIndex_v2").unwrap();
+        let (lib, h) = nvml_device0();
         let info: libloading::Symbol<unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> u32> =
             lib.get(b"nvmlDeviceGetMemoryInfo").unwrap();
         let procs: libloading::Symbol<unsafe extern "C" fn(*mut c_void, *mut u32, *mut [u64; 3]) -> u32> =
             lib.get(b"nvmlDeviceGetComputeRunningProcesses_v3").unwrap();
-        assert_eq!(init(), 0);
-        let mut h = std::ptr::null_mut();
-        assert_eq!(by_index(0, &mut h), 0);
         let mut m = [0u64; 3];
         assert_eq!(info(h, &mut m), 0);
         println!("nvml_total={} nvml_free={} nvml_used={}", m[0], m[1], m[2]);
