@@ -471,7 +471,13 @@ impl<M: Copy> Tracker<M> {
                 self.learn((now - self.first_outstanding_ns) / n);
             }
         }
-        self.observe(now, bucket);
+        if n > 0 {
+            // We waited for our own work, which may have queued behind a sibling process's:
+            // the whole wait is occupancy (union charging removes the overlap).
+            self.observe_waited(now, bucket);
+        } else {
+            self.observe(now, bucket);
+        }
         self.completed = self.launched;
         self.marked_seq = self.launched;
         for (m, _) in self.markers.iter_mut().filter_map(Option::take) {
