@@ -12,8 +12,9 @@
 #   --mem-cap SIZE  memory cap for vram/procaddr/smi sections (default 1g)
 #   --fw-cap SIZE   memory cap for the torch/jax/cupy sections (default 4g)
 #   --device D      CUDA device (default 0)
-# Logs: every run's full output under $OUT/gpu-suite (or a temp dir), one file per run;
-# summary tables on stdout. Hook env per run: LD_PRELOAD=$DIST/libvgpu.so, the caps,
+# Logs: every run's full output, one file per run, in a temp dir; with $OUT set they are packed
+# into $OUT/gpu-suite-logs.tar.gz and the summary tables (stdout) copied to
+# $OUT/gpu-suite-summary.txt. Hook env per run: LD_PRELOAD=$DIST/libvgpu.so, the caps,
 # CUDA_DEVICE_MEMORY_SHARED_CACHE=<fresh path>.
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,8 +46,14 @@ done
 [ ${#sections[@]} -eq 0 ] && sections=(env launch malloc vram procaddr smi torch frameworks share graph)
 export VGPU_SAMPLE_DEVICE=$DEVICE
 
-LOG=${OUT:-$(mktemp -d /tmp/gpu-suite.XXXXXX)}/gpu-suite
+# Logs go to a scratch dir; with $OUT set they are packed at the end into
+# $OUT/gpu-suite-logs.tar.gz and the summary is copied to $OUT/gpu-suite-summary.txt.
+LOG=$(mktemp -d /tmp/gpu-suite.XXXXXX)/gpu-suite
 mkdir -p "$LOG"
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    exec > >(tee "$OUT/gpu-suite-summary.txt") 2>&1
+fi
 echo "logs=$LOG dist=$DIST commit=$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown)"
 [ -f "$DIST/libvgpu.so" ] || echo "warning: $DIST/libvgpu.so missing: hook-on runs will fail"
 failures=0
@@ -168,8 +175,9 @@ s_vram() {
     grep -E '^path=[a-z_0-9]+ result=' "$LOG/vram/alloc_paths.log" | sed 's/^/    /'
     run vram/alloc "$FW_CAP" "" -- "$S/test_alloc" --max-k 30 || note_fail
     echo "  test_alloc under a $FW_CAP cap: $(grep '^allocs_ok=' "$LOG/vram/alloc.log")"
-    run vram/fork "$MEM_CAP" "" -- "$S/test_fork" --size 128m --child exec || note_fail
-    echo "  test_fork --child exec: $(key vram/fork result)"
+    # Two contexts (parent + exec'ed child) must fit: use the framework cap.
+    run vram/fork "$FW_CAP" "" -- "$S/test_fork" --size 128m --child exec || note_fail
+    echo "  test_fork --child exec under a $FW_CAP cap: $(key vram/fork result)"
 }
 
 s_procaddr() {
@@ -193,12 +201,12 @@ s_procaddr() {
 }
 
 s_smi() {
-    section "nvidia-smi inside the container (hook, $MEM_CAP cap, 512 MiB held) vs host view"
+    section "nvidia-smi inside the container (hook, $MEM_CAP cap, 256 MiB held) vs host view"
     local region holder
     region=$(mktemp -u /tmp/vgpu.XXXXXX)
     LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=$MEM_CAP \
         CUDA_DEVICE_MEMORY_SHARED_CACHE=$region \
-        "$S/test_alloc_paths" --path mem_alloc --size 512m --hold --hold-seconds 60 \
+        "$S/test_alloc_paths" --path mem_alloc --size 256m --hold --hold-seconds 60 \
         >"$LOG/smi-holder.log" 2>&1 &
     holder=$!
     for _ in $(seq 100); do grep -q '^holding=1' "$LOG/smi-holder.log" && break; sleep 0.1; done
@@ -288,4 +296,8 @@ for s in "${sections[@]}"; do
 done
 echo
 echo "failures=$failures logs=$LOG"
+if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/gpu-suite-logs.tar.gz" -C "$(dirname "$LOG")" gpu-suite
+    echo "packed=$OUT/gpu-suite-logs.tar.gz"
+fi
 [ "$failures" -eq 0 ]

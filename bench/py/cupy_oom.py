@@ -5,7 +5,8 @@ usage: cupy_oom.py [--pool default|async|none] [--step-mib 256] [--max-gib N] [-
   async    cupy.cuda.MemoryAsyncPool (cudaMallocAsync, stream-ordered)
   none     no pool: every array is its own cudaMalloc
 Output: pool=, allocated_mib= allocations= stop_reason=oom|max, mem_get_info_free=
-mem_get_info_total=, result=PASS|FAIL (clean OOM = cupy.cuda.memory.OutOfMemoryError).
+mem_get_info_total=, result=PASS|FAIL (clean OOM = cupy.cuda.memory.OutOfMemoryError, or
+cudaErrorMemoryAllocation from cudaMalloc without a pool).
 """
 import argparse
 import os
@@ -40,6 +41,9 @@ try:
         cupy.cuda.Stream.null.synchronize()
 except cupy.cuda.memory.OutOfMemoryError:
     pass
+except cupy.cuda.runtime.CUDARuntimeError as e:  # without a pool: the raw cudaMalloc error
+    if "cudaErrorMemoryAllocation" not in str(e):
+        fail(f"CUDARuntimeError:{str(e)[:200]}")
 except Exception as e:
     fail(f"{type(e).__name__}:{str(e).splitlines()[0][:200]}")
 free, total = cupy.cuda.runtime.memGetInfo()

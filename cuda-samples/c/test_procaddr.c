@@ -9,7 +9,8 @@
  *
  * Output: one `lookup symbol=NAME version=V flags=default|ptds result=R status=S found=0|1
  * same_as_dlsym=0|1` line per lookup (versions 12000 and 13000; same_as_dlsym compares with
- * dlsym of the versioned export, e.g. cuMemAlloc_v2 / cuLaunchKernel_ptsz), then
+ * dlsym of the versioned export, e.g. cuMemAlloc_v2 / cuLaunchKernel_ptsz, and for 13000
+ * cuCtxSynchronize_v2), then
  * launch_default=R launch_ptds=R, procaddr_allocated_bytes= procaddr_allocated_mib=
  * allocations= last_result=, meminfo_total= meminfo_free= device_total_mem=, result=.
  */
@@ -29,23 +30,26 @@ enum fn {
 static const struct lookup {
     const char *base;     /* name given to cuGetProcAddress */
     cuuint64_t flags;     /* CU_GET_PROC_ADDRESS_* */
-    const char *exported; /* the versioned export it should resolve to */
+    const char *exported; /* the versioned export it should resolve to (cudaVersion 12000) */
+    const char *exported13; /* same for cudaVersion 13000, when it differs */
 } lookups[F_COUNT] = {
-    [F_INIT] = {"cuInit", 0, "cuInit"},
-    [F_DEVICE_GET] = {"cuDeviceGet", 0, "cuDeviceGet"},
-    [F_PRIMARY_RETAIN] = {"cuDevicePrimaryCtxRetain", 0, "cuDevicePrimaryCtxRetain"},
-    [F_PRIMARY_RELEASE] = {"cuDevicePrimaryCtxRelease", 0, "cuDevicePrimaryCtxRelease_v2"},
-    [F_CTX_SET_CURRENT] = {"cuCtxSetCurrent", 0, "cuCtxSetCurrent"},
-    [F_CTX_SYNC] = {"cuCtxSynchronize", 0, "cuCtxSynchronize"},
-    [F_MEM_ALLOC] = {"cuMemAlloc", 0, "cuMemAlloc_v2"},
-    [F_MEM_FREE] = {"cuMemFree", 0, "cuMemFree_v2"},
-    [F_MEM_GET_INFO] = {"cuMemGetInfo", 0, "cuMemGetInfo_v2"},
-    [F_DEVICE_TOTAL_MEM] = {"cuDeviceTotalMem", 0, "cuDeviceTotalMem_v2"},
-    [F_MODULE_LOAD_DATA] = {"cuModuleLoadData", 0, "cuModuleLoadData"},
-    [F_MODULE_GET_FUNCTION] = {"cuModuleGetFunction", 0, "cuModuleGetFunction"},
-    [F_LAUNCH] = {"cuLaunchKernel", CU_GET_PROC_ADDRESS_DEFAULT, "cuLaunchKernel"},
+    [F_INIT] = {"cuInit", 0, "cuInit", NULL},
+    [F_DEVICE_GET] = {"cuDeviceGet", 0, "cuDeviceGet", NULL},
+    [F_PRIMARY_RETAIN] = {"cuDevicePrimaryCtxRetain", 0, "cuDevicePrimaryCtxRetain", NULL},
+    [F_PRIMARY_RELEASE] = {"cuDevicePrimaryCtxRelease", 0, "cuDevicePrimaryCtxRelease_v2", NULL},
+    [F_CTX_SET_CURRENT] = {"cuCtxSetCurrent", 0, "cuCtxSetCurrent", NULL},
+    /* CUDA 13 maps cuCtxSynchronize to cuCtxSynchronize_v2, another ABI: the work below always
+     * calls the 12000 one. */
+    [F_CTX_SYNC] = {"cuCtxSynchronize", 0, "cuCtxSynchronize", "cuCtxSynchronize_v2"},
+    [F_MEM_ALLOC] = {"cuMemAlloc", 0, "cuMemAlloc_v2", NULL},
+    [F_MEM_FREE] = {"cuMemFree", 0, "cuMemFree_v2", NULL},
+    [F_MEM_GET_INFO] = {"cuMemGetInfo", 0, "cuMemGetInfo_v2", NULL},
+    [F_DEVICE_TOTAL_MEM] = {"cuDeviceTotalMem", 0, "cuDeviceTotalMem_v2", NULL},
+    [F_MODULE_LOAD_DATA] = {"cuModuleLoadData", 0, "cuModuleLoadData", NULL},
+    [F_MODULE_GET_FUNCTION] = {"cuModuleGetFunction", 0, "cuModuleGetFunction", NULL},
+    [F_LAUNCH] = {"cuLaunchKernel", CU_GET_PROC_ADDRESS_DEFAULT, "cuLaunchKernel", NULL},
     [F_LAUNCH_PTDS] = {"cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-                       "cuLaunchKernel_ptsz"},
+                       "cuLaunchKernel_ptsz", NULL},
 };
 
 typedef CUresult (*fn_init)(unsigned int);
@@ -110,18 +114,24 @@ int main(int argc, char **argv)
             void *pfn = NULL;
             CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
             CUresult r = gpa(lookups[f].base, &pfn, versions[v], lookups[f].flags, &status);
-            void *direct = dlsym(h, lookups[f].exported);
+            const char *exp = versions[v] >= 13000 && lookups[f].exported13
+                                  ? lookups[f].exported13
+                                  : lookups[f].exported;
+            void *direct = dlsym(h, exp);
             out("lookup symbol=%s version=%d flags=%s result=%s status=%d found=%d "
                 "same_as_dlsym=%d\n",
                 lookups[f].base, versions[v], lookups[f].flags ? "ptds" : "default", cu_name(r),
                 (int)status, r == CUDA_SUCCESS && pfn != NULL, pfn != NULL && pfn == direct);
-            if (versions[v] == version && r == CUDA_SUCCESS)
+            int use = f == F_CTX_SYNC ? versions[v] == 12000 : versions[v] == version;
+            if (use && r == CUDA_SUCCESS)
                 work[f] = pfn;
         }
         chosen_seen |= versions[v] == version;
     }
     if (!chosen_seen)
         for (int f = 0; f < F_COUNT; f++) {
+            if (f == F_CTX_SYNC)
+                continue;
             CUdriverProcAddressQueryResult status;
             if (gpa(lookups[f].base, &work[f], version, lookups[f].flags, &status) != CUDA_SUCCESS)
                 work[f] = NULL;
