@@ -604,8 +604,28 @@ driver_exports! {
     "cuCtxGetDevice" @ 2000 => fn cuCtxGetDevice(dev: *mut CUdevice) {
         run(|p, _| out(dev, p.cur()?.1 as i32))
     }
+    "cuCtxGetDevice" @ 13000 => fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: Handle) {
+        run(|p, _| {
+            let d = match ctx as u64 {
+                0 => p.cur()?.1,
+                c => p.ctxs.get(&c).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.dev,
+            };
+            out(dev, d as i32)
+        })
+    }
     "cuCtxSynchronize" @ 2000 => fn cuCtxSynchronize() {
         sync_until(|p| Ok(p.ctx_idle_at(p.cur()?.0)))
+    }
+    // CUDA 13: synchronize a given context (NULL: the current one).
+    "cuCtxSynchronize" @ 13000 => fn cuCtxSynchronize_v2(ctx: Handle) {
+        sync_until(|p| {
+            let c = match ctx as u64 {
+                0 => p.cur()?.0,
+                c => c,
+            };
+            p.ctx_known(c)?;
+            Ok(p.ctx_idle_at(c))
+        })
     }
     "cuMemGetInfo" @ 3020 => fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
         run(|p, st| {

@@ -125,6 +125,8 @@ mod tests {
         assert_eq!(resolve("cuLaunchKernel", 12000, 3), Ok(addr_of("cuLaunchKernel")));
         assert_eq!(resolve("cuMemcpyHtoD", 12000, 2), Ok(addr_of("cuMemcpyHtoD_v2_ptds")));
         assert_eq!(resolve("cuGetProcAddress", 12000, 0), Ok(addr_of("cuGetProcAddress_v2")));
+        assert_eq!(resolve("cuCtxSynchronize", 12080, 0), Ok(addr_of("cuCtxSynchronize")));
+        assert_eq!(resolve("cuCtxSynchronize", 13000, 0), Ok(addr_of("cuCtxSynchronize_v2")));
         assert_eq!(resolve("cuGetProcAddress", 11030, 0), Ok(addr_of("cuGetProcAddress")));
         assert_eq!(resolve("cuNoSuchThing", 12000, 0), Err((CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)));
         assert_eq!(resolve("cuMemAlloc_v2", 12000, 0).map_err(|e| e.1), Err(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND));
