@@ -3,7 +3,8 @@
 # dist/ tree (dist/ci/gpu-limiter.sh): processes of one container sharing a cap, two containers
 # with different caps, a run-time cap change through shrreg-tool, PyTorch training under caps.
 # Every share is "kernels (steps)/s under the cap / kernels (steps)/s of one uncapped process".
-# usage: gpu-limiter.sh [section ...]   sections: multiproc containers runtime train (default all)
+# usage: gpu-limiter.sh [section ...]
+#   sections: overhead multiproc containers runtime train (default all)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 S=$DIST/samples
@@ -12,7 +13,7 @@ SECS=${SECS:-6}
 WORK=$(mktemp -d /tmp/gpu-limiter.XXXXXX)
 [ -n "${OUT:-}" ] && exec > >(tee "$OUT/gpu-limiter-summary.txt") 2>&1
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(multiproc containers runtime train)
+[ ${#sections[@]} -eq 0 ] && sections=(overhead multiproc containers runtime train)
 
 # launch NAME REGION CAP ARGS...: test_runtime_launch under the hook in the background.
 launch() {
@@ -20,28 +21,44 @@ launch() {
     shift 3
     env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" \
         ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} "$S/test_runtime_launch" "$@" >"$WORK/$name.log" 2>&1 &
+    PIDS+=($!)
 }
+PIDS=()
+# waitall: wait for the launched samples only (a bare `wait` would also wait for the tee above).
+waitall() { [ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"; PIDS=(); }
 # rate NAME: mean kernels/s over seconds >= 2 (the first seconds include start-up).
-rate() { awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf "%.1f", n ? s / n : 0 }' "$WORK/$1.log"; }
+rate() { awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf "%.1f", (n ? s / n : 0) }' "$WORK/$1.log"; }
 windows() { awk -F'[= ]' '/^second=/ { printf "%s%s", sep, $4; sep = "," } END { print "" }' "$WORK/$1.log"; }
-pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b > 0 ? 100 * a / b : 0 }'; }
+pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b > 0 ? 100 * a / b : 0) }'; }
 sum() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a + b }'; }
 util_sampler() { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 >"$WORK/$1.util" 2>/dev/null & echo $!; }
-util_mean() { awk 'NR > 4 { s += $1; n++ } END { printf "%.0f", n ? s / n : 0 }' "$WORK/$1.util"; }
+util_mean() { awk 'NR > 4 { s += $1; n++ } END { printf "%.0f", (n ? s / n : 0) }' "$WORK/$1.util"; }
 
 base=""
 baseline() {
     [ -n "$base" ] && return
     launch base "$WORK/r-base" "" --us 1000 --seconds "$SECS"
-    wait
+    waitall
     base=$(rate base)
     echo "  one uncapped process, 1 ms kernels, sync each: $base kernels/s ($(windows base))"
+}
+
+s_overhead() {
+    echo "== launch overhead of the gated path: empty kernels, median ns per launch"
+    echo "   (cap 99: the gate runs on every launch but almost never holds one back)"
+    local off on99
+    "$S/bench_launch" >"$WORK/ov-off.log" 2>&1
+    env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ov" CUDA_DEVICE_SM_LIMIT=99 \
+        "$S/bench_launch" >"$WORK/ov-99.log" 2>&1
+    off=$(sed -n 's/.*launch_ns=\([0-9.]*\).*/\1/p' "$WORK/ov-off.log" | head -1)
+    on99=$(sed -n 's/.*launch_ns=\([0-9.]*\).*/\1/p' "$WORK/ov-99.log" | head -1)
+    echo "  hook off $off ns, hook on + cap 99 $on99 ns, ratio $(awk -v a="$on99" -v b="$off" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }')"
 }
 
 s_multiproc() {
     echo "== processes of one container sharing one cap (1 ms kernels, sync after each)"
     baseline
-    launch u1 "$WORK/r-u" "" --us 1000 --seconds "$SECS"; launch u2 "$WORK/r-u" "" --us 1000 --seconds "$SECS"; wait
+    launch u1 "$WORK/r-u" "" --us 1000 --seconds "$SECS"; launch u2 "$WORK/r-u" "" --us 1000 --seconds "$SECS"; waitall
     echo "  2 processes, no cap: total $(sum "$(rate u1)" "$(rate u2)") kernels/s = $(pct "$(sum "$(rate u1)" "$(rate u2)")" "$base")% of one"
     for n in 2 4; do
         for mode in union sum; do
@@ -49,7 +66,7 @@ s_multiproc() {
             for i in $(seq $n); do
                 VGPU_LIMITER_CHARGE=$mode launch "p$n$mode$i" "$r" 30 --us 1000 --seconds "$SECS"
             done
-            wait
+            waitall
             tot=0
             for i in $(seq $n); do tot=$(sum "$tot" "$(rate p$n$mode$i)"); done
             echo "  $n processes, cap 30 ($mode charging): total $tot kernels/s = $(pct "$tot" "$base")%"
@@ -63,9 +80,9 @@ s_containers() {
     for pair in "30 60" "50 50"; do
         set -- $pair
         pid=$(util_sampler "c$1-$2")
-        launch "ca$1-$2" "$WORK/r-ca$1-$2" "$1" --us 1000 --seconds "$SECS"; pa=$!
-        launch "cb$1-$2" "$WORK/r-cb$1-$2" "$2" --us 1000 --seconds "$SECS"; pb=$!
-        wait "$pa" "$pb"
+        launch "ca$1-$2" "$WORK/r-ca$1-$2" "$1" --us 1000 --seconds "$SECS"
+        launch "cb$1-$2" "$WORK/r-cb$1-$2" "$2" --us 1000 --seconds "$SECS"
+        waitall
         kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
         echo "  caps $1/$2: A $(pct "$(rate ca$1-$2)" "$base")% ($(windows ca$1-$2)), B $(pct "$(rate cb$1-$2)" "$base")% ($(windows cb$1-$2)), GPU util (nvidia-smi) $(util_mean c$1-$2)%"
     done
@@ -87,7 +104,7 @@ s_runtime() {
     echo "  set 20 at $(date +%s.%N | cut -c1-14)"
     sleep 4
     CUDA_DEVICE_MEMORY_SHARED_CACHE=$r "$T/shrreg-tool" --set-sm-limit 0 70
-    wait
+    waitall
     echo "  per-second share of one uncapped process:"
     awk -F'[= ]' -v b="$base" '/^second=/ { printf "    second %2d: %5.1f%%\n", $2, 100 * $4 / b }' "$WORK/rt.log"
 }
@@ -97,13 +114,13 @@ s_train() {
     local py=$DIST/bench/py/torch_train.py
     python3 "$py" --seconds "$SECS" >"$WORK/train-off.log" 2>&1
     local b
-    b=$(awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf "%.2f", n ? s / n : 0 }' "$WORK/train-off.log")
+    b=$(awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf "%.2f", (n ? s / n : 0) }' "$WORK/train-off.log")
     echo "  uncapped (no hook): $b steps/s"
     for cap in 50 25; do
         env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-train$cap" CUDA_DEVICE_SM_LIMIT=$cap \
             python3 "$py" --seconds "$SECS" >"$WORK/train-$cap.log" 2>&1
         local c
-        c=$(awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf "%.2f", n ? s / n : 0 }' "$WORK/train-$cap.log")
+        c=$(awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf "%.2f", (n ? s / n : 0) }' "$WORK/train-$cap.log")
         echo "  cap $cap: $c steps/s = $(pct "$c" "$b")% ($(windows train-$cap))"
     done
 }

@@ -23,6 +23,7 @@ static nvmlInit_v2: RealFn = RealFn::new(Lib::Nvml, c"nvmlInit_v2");
 static nvmlDeviceGetHandleByUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
 static nvmlDeviceGetUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUUID");
 static nvmlDeviceGetIndex: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetIndex");
+static nvmlDeviceGetUtilizationRates: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUtilizationRates");
 
 macro_rules! call {
     ($cell:expr, fn($($t:ty),*) -> $r:ty, $($a:expr),*) => {{
@@ -147,6 +148,21 @@ pub fn nvml_handle_by_uuid(uuid: &str) -> Option<nvmlDevice_t> {
     let mut h: nvmlDevice_t = std::ptr::null_mut();
     let r = call!(nvmlDeviceGetHandleByUUID, fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t, c.as_ptr(), &mut h)?;
     (r == NVML_SUCCESS && !h.is_null()).then_some(h)
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Default)]
+struct NvmlUtilization {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+/// Percent of NVML's last sample period during which a kernel ran on the device (any tenant).
+pub fn nvml_gpu_util(h: nvmlDevice_t) -> Option<u32> {
+    let mut u = NvmlUtilization::default();
+    let r = call!(nvmlDeviceGetUtilizationRates, fn(nvmlDevice_t, *mut NvmlUtilization) -> nvmlReturn_t, h, &mut u)?;
+    (r == NVML_SUCCESS).then_some(u.gpu)
 }
 
 /// Device memory used as NVML reports it (the real `nvmlDeviceGetMemoryInfo`).

@@ -59,7 +59,6 @@ pub fn after_sync() {
 
 // ---- real driver entry points the gate needs (not hooked, resolved on our own handle) ----
 
-static CU_CTX_GET_DEVICE: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetDevice");
 static CU_EVENT_CREATE: RealFn = RealFn::new(Lib::Cuda, c"cuEventCreate");
 static CU_EVENT_RECORD: RealFn = RealFn::new(Lib::Cuda, c"cuEventRecord");
 static CU_EVENT_QUERY: RealFn = RealFn::new(Lib::Cuda, c"cuEventQuery");
@@ -98,14 +97,18 @@ fn capturing(stream: CUstream) -> bool {
 const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const CUDA_ERROR_NOT_READY: i32 = 600;
 
-/// The device of the calling thread's current context, as the container's device index.
-fn current_device() -> Option<usize> {
-    let f = CU_CTX_GET_DEVICE.get()?;
-    let mut dev: i32 = -1;
-    // SAFETY: cuCtxGetDevice(CUdevice*) with a valid out pointer.
-    let r = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> i32>(f)(&mut dev) };
-    (r == 0 && dev >= 0 && (dev as usize) < MAX_DEVICES).then_some(dev as usize)
+/// The container's device index of this launch: with one visible device no driver call is
+/// needed; otherwise the device of the calling thread's current context.
+fn launch_device(ps: &ProcState) -> Option<usize> {
+    if ps.devices.len() == 1 {
+        return Some(0);
+    }
+    let dev = crate::driver::current_device()?;
+    (dev >= 0 && (dev as usize) < MAX_DEVICES).then_some(dev as usize)
 }
+
+/// Another tenant is using device d (set by the monitor from NVML).
+pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// Marker events for one device of this process, recycled through a free list.
 struct EventMarkers {
@@ -130,6 +133,9 @@ impl Markers for EventMarkers {
 
 impl EventMarkers {
     fn record_now(&mut self, stream: usize) -> Option<CUevent> {
+        if capturing(stream as CUstream) {
+            return None; // an event recorded into a capture would be a graph node, not a marker
+        }
         let ev = match self.free.pop() {
             Some(ev) => ev,
             None => {
@@ -237,15 +243,13 @@ pub(crate) fn after_fork_child() {
 #[cold]
 fn gated_before(stream: CUstream) -> LaunchTicket {
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
-    let Some(dev) = current_device() else { return LaunchTicket::default() };
-    if capturing(stream) {
-        return LaunchTicket::default();
-    }
+    let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
     crate::monitor::wait_while_paused(rt, ps, MAX_HOLD_NS);
     let cap = crate::monitor::effective_cap(rt, ps, dev);
     let bucket = bucket(ps, dev);
     let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
     let g = &mut *g;
+    g.tracker.contended = CONTENDED[dev].load(Relaxed);
     g.tracker.before_launch(&mut SysClock, &mut g.markers, &bucket, cap, stream as usize);
     bucket.s.last_launch_ns.store(vgpu_core::clock::now_ns(), Relaxed);
     LAUNCHED.store(true, Relaxed);
@@ -263,11 +267,12 @@ fn gated_after(dev: usize, stream: CUstream, result: i32) {
 #[cold]
 fn gated_sync() {
     let Some((_, ps)) = state() else { return };
-    let Some(dev) = current_device() else { return };
+    let Some(dev) = launch_device(ps) else { return };
     let now = vgpu_core::clock::now_ns();
     let bucket = bucket(ps, dev);
     let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
     let g = &mut *g;
+    g.tracker.contended = CONTENDED[dev].load(Relaxed);
     g.tracker.after_sync(&mut g.markers, now, &bucket);
 }
 

@@ -13,7 +13,7 @@ use vgpu_core::config::UtilPolicy;
 use vgpu_core::limiter::CapPercent;
 use vgpu_core::MAX_DEVICES;
 
-use crate::launch::{GATE, LAUNCHED};
+use crate::launch::{CONTENDED, GATE, LAUNCHED};
 use crate::runtime::{ProcState, Runtime};
 
 /// Monitor period: bounds how late a runtime cap change or a suspend takes effect.
@@ -22,6 +22,13 @@ const TICK: Duration = Duration::from_millis(100);
 const PUBLISH_EVERY: u32 = 2;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// No other tenant is using device d (NVML busier than our own occupancy by less than
+/// `IDLE_OTHERS_PCT`): the soft cap may apply.
+static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Points of device utilization beyond our own occupancy that mean another tenant is active.
+const CONTENDED_OTHERS_PCT: i64 = 10;
+const IDLE_OTHERS_PCT: i64 = 5;
 
 /// Start the monitor thread once per process (call again after fork in the child: threads do
 /// not survive fork, so the child's flag is reset by `after_fork_child`).
@@ -49,6 +56,7 @@ fn run(rt: &'static Runtime) {
     let mut last_busy = [0u64; MAX_DEVICES];
     let mut last_at = vgpu_core::clock::now_ns();
     let mut tick = 0u32;
+    let mut nvml_handles: [Option<usize>; MAX_DEVICES] = [None; MAX_DEVICES];
     loop {
         std::thread::sleep(TICK);
         tick = tick.wrapping_add(1);
@@ -73,6 +81,7 @@ fn run(rt: &'static Runtime) {
         });
         for dev in 0..ps.devices.len() {
             crate::launch::bucket(ps, dev).roll_window(now);
+            observe_tenants(ps, dev, &mut nvml_handles[dev]);
         }
         let ext = ps.region.slot_ext(ps.slot);
         ext.busy_ns.store(busy_total, Relaxed);
@@ -81,6 +90,21 @@ fn run(rt: &'static Runtime) {
             ext.last_launch_ns.store(now, Relaxed);
         }
     }
+}
+
+/// Compare the device's utilization (every tenant, from NVML) with our container's own
+/// occupancy: the difference is other tenants' work. Without NVML nothing is flagged.
+fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>) {
+    if handle.is_none() {
+        let Some(info) = ps.devices.get(dev) else { return };
+        *handle = crate::driver::nvml_handle_by_uuid(&info.uuid).map(|h| h as usize);
+    }
+    let Some(h) = *handle else { return };
+    let Some(gpu) = crate::driver::nvml_gpu_util(h as crate::ffi::nvmlDevice_t) else { return };
+    let own = (ps.region.limiter(dev).util_centi_percent.load(Relaxed) / 100) as i64;
+    let others = gpu as i64 - own;
+    CONTENDED[dev].store(others >= CONTENDED_OTHERS_PCT, Relaxed);
+    OTHERS_IDLE[dev].store(others < IDLE_OTHERS_PCT, Relaxed);
 }
 
 /// Gate launches when any device has a cap or the container is paused.
@@ -96,15 +120,15 @@ fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
 }
 
 /// The share `dev` may use right now. Hard cap from the live region value; the soft cap (if
-/// higher) while the HAMi monitor says the GPU is not contended (`utilization_switch == 0`).
-/// `force` ignores the monitor; `disable` never caps.
+/// higher) while no other tenant uses the GPU (NVML) and HAMi's monitor does not demand the
+/// hard cap (`utilization_switch == 1`). `force` always applies the hard cap; `disable` never caps.
 pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
     let policy = rt.config.policy;
     if policy == UtilPolicy::Disable {
         return None;
     }
     let hard = ps.region.sm_limit(dev).filter(|&p| p > 0 && p < 100)?;
-    if policy == UtilPolicy::Default && ps.region.utilization_switch() == 0 {
+    if policy == UtilPolicy::Default && ps.region.utilization_switch() != 1 && OTHERS_IDLE[dev].load(Relaxed) {
         if let Some(soft) = ps.region.soft_sm_limit(dev) {
             if soft > hard {
                 return (soft < 100).then_some(soft);

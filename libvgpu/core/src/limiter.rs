@@ -203,7 +203,21 @@ pub struct Tracker<M: Copy> {
     backed_up_completion: Option<(u64, u64)>,
     /// Occupancy this process charged (per-process utilization reporting).
     pub charged_total_ns: u64,
+    /// Per-launch GPU time while we had the GPU to ourselves: the minimum of recent samples,
+    /// rising 1% per `ISO_DRIFT_NS` so a change of workload is followed. 0 = unknown.
+    iso_launch_ns: u64,
+    iso_at_ns: u64,
+    /// Recent per-launch time over `iso_launch_ns` (EWMA, x1000): how much another tenant slows us.
+    slowdown_milli: u64,
+    /// Another tenant is using this GPU (set by the glue from NVML): waits on our own work are
+    /// charged only for the share of them our work actually got.
+    pub contended: bool,
 }
+
+/// How fast the isolated per-launch estimate may rise (1% per this much wall time).
+pub const ISO_DRIFT_NS: u64 = 100_000_000;
+/// Slowdowns below this (x1000) are jitter, not contention.
+const SLOWDOWN_DEADBAND_MILLI: u64 = 1_150;
 
 impl<M: Copy> Default for Tracker<M> {
     fn default() -> Self {
@@ -220,6 +234,10 @@ impl<M: Copy> Default for Tracker<M> {
             queued_est_ns: 0,
             backed_up_completion: None,
             charged_total_ns: 0,
+            iso_launch_ns: 0,
+            iso_at_ns: 0,
+            slowdown_milli: 1_000,
+            contended: false,
         }
     }
 }
@@ -249,31 +267,51 @@ impl<M: Copy> Tracker<M> {
 
     /// Fold a measured per-launch GPU time into the estimate: rise fast (a low estimate lets
     /// the queue grow past the budget), fall at half speed.
-    fn learn(&mut self, sample_ns: u64) {
+    fn learn(&mut self, sample_ns: u64, now: u64) {
         let e = self.est_launch_ns;
         self.est_launch_ns = if sample_ns > e { (e + 3 * sample_ns) / 4 } else { (e + sample_ns) / 2 }.max(1);
+        let sample_ns = sample_ns.max(1);
+        if self.iso_launch_ns == 0 || sample_ns <= self.iso_launch_ns {
+            self.iso_launch_ns = sample_ns;
+            self.iso_at_ns = now;
+        } else if now.saturating_sub(self.iso_at_ns) >= ISO_DRIFT_NS {
+            self.iso_launch_ns += self.iso_launch_ns / 100 + 1;
+            self.iso_at_ns = now;
+        }
+        let ratio = (sample_ns as u128 * 1000 / self.iso_launch_ns as u128).min(100_000) as u64;
+        self.slowdown_milli = (self.slowdown_milli * 3 + ratio) / 4;
+    }
+
+    /// Share of a wait on our own work that our work really had the GPU (1000 = all of it).
+    fn wait_share_milli(&self) -> u64 {
+        if !self.contended || self.slowdown_milli < SLOWDOWN_DEADBAND_MILLI {
+            return 1000;
+        }
+        (1_000_000 / self.slowdown_milli).clamp(200, 1000)
     }
 
     /// Account the time since the previous event. Short gaps and gaps covered by work we know
     /// is queued are occupancy; the rest is idle and costs nothing.
     fn observe(&mut self, now: u64, bucket: &Bucket<'_>) {
         let est_queued = self.queued_est_ns;
-        self.observe_with(now, bucket, est_queued);
+        self.observe_with(now, bucket, est_queued, 1000);
     }
 
-    /// `observe` for a gap known to be spent waiting on our own queued work.
+    /// `observe` for a gap known to be spent waiting on our own queued work. Under contention
+    /// only the share of the wait our work had the GPU is occupancy.
     fn observe_waited(&mut self, now: u64, bucket: &Bucket<'_>) {
-        self.observe_with(now, bucket, u64::MAX / 4);
+        let share = self.wait_share_milli();
+        self.observe_with(now, bucket, u64::MAX / 4, share);
     }
 
-    fn observe_with(&mut self, now: u64, bucket: &Bucket<'_>, est_queued: u64) {
+    fn observe_with(&mut self, now: u64, bucket: &Bucket<'_>, est_queued: u64, share_milli: u64) {
         self.queued_est_ns = self.outstanding().saturating_mul(self.est_launch_ns);
         if self.last_event_ns == 0 || now <= self.last_event_ns {
             self.last_event_ns = self.last_event_ns.max(now);
             return;
         }
         let gap = now - self.last_event_ns;
-        let busy = gap.min(est_queued.saturating_add(SHORT_GAP_NS));
+        let busy = gap.min(est_queued.saturating_add(SHORT_GAP_NS)) * share_milli / 1000;
         if self.seg_end_ns != self.last_event_ns {
             self.flush(bucket); // not contiguous with the pending segment
             self.seg_start_ns = self.last_event_ns;
@@ -314,14 +352,14 @@ impl<M: Copy> Tracker<M> {
             // completion: the time between the two is exactly the work in between.
             if let Some((t0, s0)) = self.backed_up_completion {
                 if seq > s0 && now > t0 {
-                    self.learn((now - t0) / (seq - s0));
+                    self.learn((now - t0) / (seq - s0), now);
                 }
             }
             self.backed_up_completion = Some((now, seq));
         } else {
             // Not backed up: from the oldest outstanding launch to now bounds the work from above.
             if now > self.first_outstanding_ns && self.first_outstanding_ns > 0 {
-                self.learn((now - self.first_outstanding_ns) / (seq - self.completed));
+                self.learn((now - self.first_outstanding_ns) / (seq - self.completed), now);
             }
             self.backed_up_completion = None;
         }
@@ -468,7 +506,7 @@ impl<M: Copy> Tracker<M> {
         if n > 0 {
             // The first outstanding launch to now bounds n launches' GPU time from above.
             if now > self.first_outstanding_ns {
-                self.learn((now - self.first_outstanding_ns) / n);
+                self.learn((now - self.first_outstanding_ns) / n, now);
             }
         }
         if n > 0 {
