@@ -41,11 +41,12 @@ pub fn before_launch(stream: CUstream) -> LaunchTicket {
     gated_before(stream)
 }
 
-/// Called by every launch shim after the real launch with its result.
+/// Called by every launch shim after the real launch with its result. The gate already counted
+/// the launch; only a refused one needs work here.
 #[inline]
-pub fn after_launch(ticket: LaunchTicket, stream: CUstream, result: i32) {
-    if let Some(dev) = ticket.dev {
-        gated_after(dev, stream, result);
+pub fn after_launch(ticket: LaunchTicket, _stream: CUstream, result: i32) {
+    if let (Some(dev), true) = (ticket.dev, result != 0) {
+        gated_failed(dev);
     }
 }
 
@@ -240,7 +241,7 @@ pub(crate) fn after_fork_child() {
     }
 }
 
-#[cold]
+#[inline(never)]
 fn gated_before(stream: CUstream) -> LaunchTicket {
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
@@ -250,18 +251,18 @@ fn gated_before(stream: CUstream) -> LaunchTicket {
     let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
     let g = &mut *g;
     g.tracker.contended = CONTENDED[dev].load(Relaxed);
-    g.tracker.before_launch(&mut SysClock, &mut g.markers, &bucket, cap, stream as usize);
-    bucket.s.last_launch_ns.store(vgpu_core::clock::now_ns(), Relaxed);
+    let (_, now) = g.tracker.before_launch(&mut SysClock, &mut g.markers, &bucket, cap, stream as usize);
+    // Shared line: written at most once a millisecond, not on every launch.
+    if now.saturating_sub(bucket.s.last_launch_ns.load(Relaxed)) > 1_000_000 {
+        bucket.s.last_launch_ns.store(now, Relaxed);
+    }
     LAUNCHED.store(true, Relaxed);
     LaunchTicket { dev: Some(dev) }
 }
 
 #[cold]
-fn gated_after(dev: usize, stream: CUstream, result: i32) {
-    let now = vgpu_core::clock::now_ns();
-    let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
-    let g = &mut *g;
-    g.tracker.after_launch(&mut g.markers, result == 0, now, stream as usize);
+fn gated_failed(dev: usize) {
+    gate(dev).lock().unwrap_or_else(|p| p.into_inner()).tracker.launch_failed();
 }
 
 #[cold]

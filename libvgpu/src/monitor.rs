@@ -141,6 +141,9 @@ pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPerc
 /// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
 /// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
 pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
+    if !ps.region.suspended() && !low_priority_paused(rt, ps) {
+        return; // the common case: no clock read
+    }
     let start = vgpu_core::clock::now_ns();
     let mut said = false;
     loop {

@@ -68,6 +68,8 @@ pub const MAX_DRAIN_NS: u64 = 200_000_000;
 pub const INITIAL_LAUNCH_EST_NS: u64 = 1_000_000;
 /// Markers in flight per device per process.
 const MAX_MARKERS: usize = 4;
+/// Minimum spacing of bucket refills.
+pub const REFILL_MIN_NS: u64 = 50_000;
 /// Period of the utilization window kept in `SharedDeviceState`.
 pub const UTIL_WINDOW_NS: u64 = 500_000_000;
 
@@ -115,10 +117,11 @@ impl<'a> Bucket<'a> {
 }
 
 impl Bucket<'_> {
-    /// Add `cap`% of the wall time since the last refill, clamped to `BURST_NS`.
+    /// Add `cap`% of the wall time since the last refill, clamped to `BURST_NS`. Refills closer
+    /// than `REFILL_MIN_NS` apart are skipped: no shared-line write on every launch.
     pub fn refill(&self, now: u64, cap: u32) {
         let last = self.s.refilled_at_ns.load(Relaxed);
-        if now <= last {
+        if now <= last || (last != 0 && now - last < REFILL_MIN_NS) {
             return;
         }
         if self.s.refilled_at_ns.compare_exchange(last, now, AcqRel, Relaxed).is_err() {
@@ -136,9 +139,11 @@ impl Bucket<'_> {
     }
 
     /// Charge the occupancy interval `[start, end)` of one process, counting only the part not
-    /// already charged by another process of the container (union across processes).
-    /// Returns the ns actually charged.
-    pub fn charge(&self, start: u64, end: u64) -> u64 {
+    /// already charged by another process of the container (union across processes). The
+    /// bucket pays `share_milli`/1000 of it (less than all when another tenant slowed our work);
+    /// utilization counts it whole, so it measures our raw occupancy.
+    /// Returns the ns of occupancy charged (before the share).
+    pub fn charge(&self, start: u64, end: u64, share_milli: u64) -> u64 {
         if end <= start {
             return 0;
         }
@@ -147,11 +152,12 @@ impl Bucket<'_> {
         if end <= from {
             return 0;
         }
-        let cost = end - from;
+        let occupied = end - from;
+        let cost = occupied * share_milli.min(1000) / 1000;
         self.s.tokens_ns.fetch_sub(cost as i64, AcqRel);
-        self.s.window_busy_ns.fetch_add(cost, Relaxed);
-        self.s.total_busy_ns.fetch_add(cost, Relaxed);
-        cost
+        self.s.window_busy_ns.fetch_add(occupied, Relaxed);
+        self.s.total_busy_ns.fetch_add(occupied, Relaxed);
+        occupied
     }
 
     pub fn balance(&self) -> i64 {
@@ -186,6 +192,8 @@ pub struct Tracker<M: Copy> {
     /// Occupancy measured but not yet charged to the bucket: the interval `[seg_start, seg_end)`.
     seg_start_ns: u64,
     seg_end_ns: u64,
+    /// Share (x1000) the pending segment is charged at.
+    seg_share_milli: u64,
     /// Launch sequence numbers: issued, and known complete.
     launched: u64,
     completed: u64,
@@ -225,6 +233,7 @@ impl<M: Copy> Default for Tracker<M> {
             last_event_ns: 0,
             seg_start_ns: 0,
             seg_end_ns: 0,
+            seg_share_milli: 1000,
             launched: 0,
             completed: 0,
             first_outstanding_ns: 0,
@@ -311,10 +320,11 @@ impl<M: Copy> Tracker<M> {
             return;
         }
         let gap = now - self.last_event_ns;
-        let busy = gap.min(est_queued.saturating_add(SHORT_GAP_NS)) * share_milli / 1000;
-        if self.seg_end_ns != self.last_event_ns {
-            self.flush(bucket); // not contiguous with the pending segment
+        let busy = gap.min(est_queued.saturating_add(SHORT_GAP_NS));
+        if self.seg_end_ns != self.last_event_ns || self.seg_share_milli != share_milli {
+            self.flush(bucket); // not contiguous with (or charged unlike) the pending segment
             self.seg_start_ns = self.last_event_ns;
+            self.seg_share_milli = share_milli;
         }
         self.seg_end_ns = self.last_event_ns + busy;
         if busy < gap || self.seg_end_ns - self.seg_start_ns >= FLUSH_NS {
@@ -326,7 +336,7 @@ impl<M: Copy> Tracker<M> {
     /// Charge the pending segment to the shared bucket.
     fn flush(&mut self, bucket: &Bucket<'_>) {
         if self.seg_end_ns > self.seg_start_ns {
-            self.charged_total_ns += bucket.charge(self.seg_start_ns, self.seg_end_ns);
+            self.charged_total_ns += bucket.charge(self.seg_start_ns, self.seg_end_ns, self.seg_share_milli);
         }
         self.seg_start_ns = self.seg_end_ns;
     }
@@ -406,9 +416,24 @@ impl<M: Copy> Tracker<M> {
         bucket: &Bucket<'_>,
         cap: CapPercent,
         stream: usize,
+    ) -> (GateReport, u64) {
+        let t0 = clk.now_ns();
+        let rep = self.gate(clk, mk, bucket, cap, stream, t0);
+        let now = if rep == GateReport::default() { t0 } else { clk.now_ns() };
+        self.issue(mk, now, stream);
+        (rep, now)
+    }
+
+    fn gate(
+        &mut self,
+        clk: &mut impl Clock,
+        mk: &mut impl Markers<M = M>,
+        bucket: &Bucket<'_>,
+        cap: CapPercent,
+        stream: usize,
+        t0: u64,
     ) -> GateReport {
         let mut rep = GateReport::default();
-        let t0 = clk.now_ns();
         self.observe(t0, bucket);
         let Some(cap) = cap.filter(|c| *c < 100) else {
             // Uncapped: keep the balance at the ceiling so a cap set later starts clean.
@@ -484,19 +509,24 @@ impl<M: Copy> Tracker<M> {
         }
     }
 
-    /// After a launch returned. `ok` = the driver accepted it.
-    pub fn after_launch(&mut self, mk: &mut impl Markers<M = M>, ok: bool, now: u64, stream: usize) {
-        if !ok {
-            return;
+    /// Count the launch about to be made at `now` as issued, and record a marker before it when
+    /// one is due (the marker then covers every earlier launch: no second call after the launch).
+    fn issue(&mut self, mk: &mut impl Markers<M = M>, now: u64, stream: usize) {
+        let spacing = (self.queue_limit() / 2).max(1);
+        if self.launched - self.marked_seq >= spacing {
+            self.mark(mk, stream);
         }
         if self.outstanding() == 0 {
             self.first_outstanding_ns = now;
         }
         self.launched += 1;
         self.queued_est_ns = self.queued_est_ns.saturating_add(self.est_launch_ns);
-        let spacing = (self.queue_limit() / 2).max(1);
-        if self.launched - self.marked_seq >= spacing {
-            self.mark(mk, stream);
+    }
+
+    /// The driver refused the launch `before_launch` counted.
+    pub fn launch_failed(&mut self) {
+        if self.launched > self.completed && self.launched > self.marked_seq {
+            self.launched -= 1;
         }
     }
 
@@ -589,7 +619,7 @@ mod sim {
         }
         /// One iteration of the program's loop.
         fn step(&mut self, w: &World, bucket: &Bucket<'_>, cap: CapPercent, kernel_ns: u64, sync_every: u64) {
-            let rep = self.tracker.before_launch(&mut self.clk, &mut self.mk, bucket, cap, 0);
+            let (rep, _) = self.tracker.before_launch(&mut self.clk, &mut self.mk, bucket, cap, 0);
             if std::env::var("SIMDBG").is_ok() && cap.is_some() && self.launches < 400 {
                 eprintln!("#{} t={} {:?} est={} out={} bal={}", self.launches, w.borrow().now / 1000, rep,
                     self.tracker.est_launch_ns, self.tracker.outstanding(), bucket.balance());
@@ -603,7 +633,7 @@ mod sim {
                 g.ends.push(end);
                 g.now
             };
-            self.tracker.after_launch(&mut self.mk, true, now, 0);
+            let _ = now;
             self.launches += 1;
             if self.launches % sync_every == 0 {
                 let now = {
@@ -712,10 +742,13 @@ mod sim {
     fn union_charging_counts_overlap_once() {
         let state = SharedDeviceState::default();
         let b = Bucket::new(&state);
-        assert_eq!(b.charge(0, 10), 10);
-        assert_eq!(b.charge(5, 12), 2);
-        assert_eq!(b.charge(3, 8), 0);
-        assert_eq!(state.tokens_ns.load(Relaxed), -12);
+        assert_eq!(b.charge(0, 10, 1000), 10);
+        assert_eq!(b.charge(5, 12, 1000), 2);
+        assert_eq!(b.charge(3, 8, 1000), 0);
+        // A slowed-down segment pays half but counts whole for utilization.
+        assert_eq!(b.charge(12, 20, 500), 8);
+        assert_eq!(state.window_busy_ns.load(Relaxed), 20);
+        assert_eq!(state.tokens_ns.load(Relaxed), -16);
     }
 
     #[test]
@@ -723,6 +756,8 @@ mod sim {
         let state = SharedDeviceState::default();
         let b = Bucket::new(&state);
         b.refill(1_000, 50); // first use starts the clock
+        assert_eq!(b.balance(), 0);
+        b.refill(1_000 + 20_000, 50); // too soon: skipped
         assert_eq!(b.balance(), 0);
         b.refill(1_000 + 2_000_000, 50);
         assert_eq!(b.balance(), 1_000_000);
