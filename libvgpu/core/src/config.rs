@@ -179,6 +179,12 @@ fn per_dev(i: usize, names: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// `0`, `000`, `0.0`, `0g`, `0.00MiB`: every digit zero (the unit does not matter).
+fn is_literal_zero(val: &str) -> bool {
+    let digits: Vec<char> = val.trim().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    digits.iter().any(|c| c.is_ascii_digit()) && digits.iter().all(|c| *c == '0' || *c == '.')
+}
+
 impl Config {
     /// Parse from an env lookup (tests pass a map).
     pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Config {
@@ -193,7 +199,13 @@ impl Config {
             c.mem[i] = match r.first(&vars) {
                 None => MemLimit::Unset,
                 Some((var, val)) => match parse_size(&val) {
-                    Ok(SizeSpec::Bytes(0)) => MemLimit::Unset,
+                    // HAMi: an explicit 0 means no cap. Only a literal zero does: a nonzero
+                    // value that rounds down to 0 bytes must not silently uncap the device.
+                    Ok(SizeSpec::Bytes(0)) if is_literal_zero(&val) => MemLimit::Unset,
+                    Ok(SizeSpec::Bytes(0)) => {
+                        r.problem(&var, &val, String::from("rounds down to 0 bytes; device capped at 0 bytes"));
+                        MemLimit::Blocked
+                    }
                     Ok(spec) => MemLimit::Spec(spec),
                     Err(e) => {
                         r.problem(&var, &val, format!("{}; device capped at 0 bytes", e.reason));
@@ -364,6 +376,31 @@ impl Config {
     /// Context reserve in bytes for a device of `physical` bytes.
     pub fn context_reserve(&self, physical: u64) -> u64 {
         self.context_reserve.resolve(physical)
+    }
+}
+
+#[cfg(test)]
+mod zero_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_literal_zero_uncaps() {
+        for v in ["0", "000", "0g", "0.0g", "0.00MiB"] {
+            let get = |k: &str| (k == "CUDA_DEVICE_MEMORY_LIMIT").then(|| v.to_string());
+            let c = Config::from_env(&get);
+            assert_eq!(c.mem[0], MemLimit::Unset, "{v}");
+            assert!(c.problems.is_empty(), "{v}");
+        }
+        for v in ["0.0001k", "0.4", "0.000001m"] {
+            let get = |k: &str| (k == "CUDA_DEVICE_MEMORY_LIMIT").then(|| v.to_string());
+            let c = Config::from_env(&get);
+            if let Ok(SizeSpec::Bytes(0)) = parse_size(v) {
+                assert_eq!(c.mem[0], MemLimit::Blocked, "{v} must fail closed");
+                assert_eq!(c.problems.len(), 1, "{v}");
+            } else {
+                assert_ne!(c.mem[0], MemLimit::Unset, "{v}");
+            }
+        }
     }
 }
 
