@@ -189,7 +189,7 @@ struct SysClock;
 
 impl Clock for SysClock {
     fn now_ns(&self) -> u64 {
-        vgpu_core::clock::now_ns()
+        vgpu_core::clock::fast_now_ns()
     }
     fn sleep_ns(&mut self, ns: u64) {
         vgpu_core::clock::sleep_ns(ns)
@@ -269,7 +269,7 @@ fn gated_failed(dev: usize) {
 fn gated_sync() {
     let Some((_, ps)) = state() else { return };
     let Some(dev) = launch_device(ps) else { return };
-    let now = vgpu_core::clock::now_ns();
+    let now = vgpu_core::clock::fast_now_ns();
     let bucket = bucket(ps, dev);
     let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
     let g = &mut *g;

@@ -39,6 +39,7 @@ pub(crate) fn start(rt: &'static Runtime) {
     if let Some(ps) = rt.proc_if_ready() {
         refresh_gate(rt, ps);
     }
+    vgpu_core::clock::calibrate();
     let spawned = std::thread::Builder::new().name("vgpu-monitor".into()).spawn(move || run(rt));
     if let Err(e) = spawned {
         // Without the thread, caps set later are not noticed; caps set now still apply.
@@ -49,6 +50,7 @@ pub(crate) fn start(rt: &'static Runtime) {
 
 pub(crate) fn after_fork_child() {
     STARTED.store(false, Release);
+    vgpu_core::clock::reset_calibration();
     crate::launch::after_fork_child();
 }
 
@@ -60,6 +62,7 @@ fn run(rt: &'static Runtime) {
     loop {
         std::thread::sleep(TICK);
         tick = tick.wrapping_add(1);
+        vgpu_core::clock::calibrate();
         // Re-read each tick: a forked child replaces the process state.
         let Some(ps) = rt.proc_if_ready() else { continue };
         refresh_gate(rt, ps);

@@ -619,11 +619,7 @@ mod sim {
         }
         /// One iteration of the program's loop.
         fn step(&mut self, w: &World, bucket: &Bucket<'_>, cap: CapPercent, kernel_ns: u64, sync_every: u64) {
-            let (rep, _) = self.tracker.before_launch(&mut self.clk, &mut self.mk, bucket, cap, 0);
-            if std::env::var("SIMDBG").is_ok() && cap.is_some() && self.launches < 400 {
-                eprintln!("#{} t={} {:?} est={} out={} bal={}", self.launches, w.borrow().now / 1000, rep,
-                    self.tracker.est_launch_ns, self.tracker.outstanding(), bucket.balance());
-            }
+            self.tracker.before_launch(&mut self.clk, &mut self.mk, bucket, cap, 0);
             let now = {
                 let mut g = w.borrow_mut();
                 g.now += LAUNCH_CPU_NS;
@@ -704,17 +700,6 @@ mod sim {
     fn share_10ms_sync_each() { check(10_000_000, 1) }
     #[test]
     fn share_10ms_async() { check(10_000_000, 100) }
-
-    #[test]
-    #[ignore]
-    fn debug_one() {
-        let k: u64 = std::env::var("K").unwrap().parse().unwrap();
-        let se: u64 = std::env::var("SE").unwrap().parse().unwrap();
-        let cap: u32 = std::env::var("CAP").unwrap().parse().unwrap();
-        let base = run(None, k, se, 4);
-        let got = run(Some(cap), k, se, 4);
-        eprintln!("base {base:?} got {got:?}");
-    }
 
     #[test]
     fn two_processes_share_one_cap() {
