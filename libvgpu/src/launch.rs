@@ -277,9 +277,10 @@ fn gated_sync() {
     g.tracker.after_sync(&mut g.markers, now, &bucket);
 }
 
-/// Charge whatever the trackers hold pending and report this process's occupancy per device
-/// (ns, cumulative). Never blocks: a gate busy in a launch is skipped this round.
-pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, u64)) {
+/// Charge whatever the trackers hold pending and report this process's occupancy (ns) and
+/// launches per device, both cumulative, as seen by the gate (so only while a cap or suspend
+/// is active: the uncapped fast path counts nothing). Never blocks: a busy gate is skipped.
+pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, u64, u64)) {
     for (dev, p) in GATES.iter().enumerate() {
         let p = p.load(Acquire);
         if p.is_null() {
@@ -289,7 +290,7 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, u64
         let m = unsafe { &*p };
         if let Ok(mut g) = m.try_lock() {
             g.tracker.flush_pending(&bucket(ps, dev));
-            report(dev, g.tracker.charged_total_ns);
+            report(dev, g.tracker.charged_total_ns, g.tracker.launches());
         }
     }
 }

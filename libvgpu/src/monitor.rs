@@ -74,7 +74,9 @@ fn run(rt: &'static Runtime) {
         last_at = now;
         let mut launched = [false; MAX_DEVICES];
         let mut busy_total = 0;
-        crate::launch::flush_and_report(ps, |dev, busy| {
+        let mut launches = 0;
+        crate::launch::flush_and_report(ps, |dev, busy, n| {
+            launches += n;
             let delta = busy.saturating_sub(last_busy[dev]);
             last_busy[dev] = busy;
             busy_total += busy;
@@ -88,6 +90,7 @@ fn run(rt: &'static Runtime) {
         }
         let ext = ps.region.slot_ext(ps.slot);
         ext.busy_ns.store(busy_total, Relaxed);
+        ext.launches.store(launches, Relaxed);
         if LAUNCHED.swap(false, AcqRel) || launched.iter().any(|&l| l) {
             ps.region.set_last_kernel_time(vgpu_core::clock::unix_seconds());
             ext.last_launch_ns.store(now, Relaxed);

@@ -260,6 +260,11 @@ pub struct GateReport {
 }
 
 impl<M: Copy> Tracker<M> {
+    /// Launches counted by this tracker.
+    pub fn launches(&self) -> u64 {
+        self.launched
+    }
+
     /// Estimated GPU time per launch (ns).
     pub fn est_launch_ns(&self) -> u64 {
         self.est_launch_ns

@@ -161,8 +161,8 @@ impl RegionInit {
             priority: cfg.priority,
             ..RegionInit::default()
         };
-        for d in 0..MAX_DEVICES {
-            let phys = physical.get(d).copied().unwrap_or(0);
+        // Only devices that exist get limits: a global cap must not mark 16 phantom devices.
+        for (d, &phys) in physical.iter().enumerate().take(MAX_DEVICES) {
             init.physical[d] = phys;
             init.mem_limits[d] = cfg.mem_limit(d, phys);
             init.sm_limits[d] = cfg.sm_limit(d);
