@@ -44,15 +44,41 @@ baseline() {
 }
 
 s_overhead() {
-    echo "== launch overhead of the gated path: empty kernels, median ns per launch"
-    echo "   (cap 99: the gate runs on every launch but almost never holds one back)"
-    local off on99
-    "$S/bench_launch" >"$WORK/ov-off.log" 2>&1
-    env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ov" CUDA_DEVICE_SM_LIMIT=99 \
-        "$S/bench_launch" >"$WORK/ov-99.log" 2>&1
-    off=$(sed -n 's/.*launch_ns=\([0-9.]*\).*/\1/p' "$WORK/ov-off.log" | head -1)
-    on99=$(sed -n 's/.*launch_ns=\([0-9.]*\).*/\1/p' "$WORK/ov-99.log" | head -1)
-    echo "  hook off $off ns, hook on + cap 99 $on99 ns, ratio $(awk -v a="$on99" -v b="$off" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }')"
+    echo "== overhead, hook on / hook off, interleaved rounds (median of per-round ratios [min..max])"
+    echo "   launch: empty kernel; cap 99 runs the gate on every launch but almost never holds one"
+    local rounds=${ROUNDS:-7} i
+    : >"$WORK/ov.tsv"
+    for i in $(seq "$rounds"); do
+        for m in off nocap cap99; do
+            case $m in
+            off) env -u LD_PRELOAD "$S/bench_launch" ;;
+            nocap) env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ov-$m" "$S/bench_launch" ;;
+            cap99) env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ov-$m" CUDA_DEVICE_SM_LIMIT=99 "$S/bench_launch" ;;
+            esac >"$WORK/ov-$m-$i.log" 2>&1
+            printf 'launch_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*launch_ns=\([0-9.]*\).*/\1/p' "$WORK/ov-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
+        done
+        for m in off on; do
+            if [ $m = off ]; then env -u LD_PRELOAD "$S/bench_malloc"; else
+                env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ovm" CUDA_DEVICE_MEMORY_LIMIT=8g "$S/bench_malloc"; fi >"$WORK/ovm-$m-$i.log" 2>&1
+            printf 'malloc_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*malloc_free_ns=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
+        done
+    done
+    python3 - "$WORK/ov.tsv" <<'PY'
+import statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    k, i, x = line.rstrip("\n").split("\t")
+    if x:
+        v.setdefault(k, {})[i] = float(x)
+def show(name, num, den):
+    r = [v[num][i] / v[den][i] for i in v.get(num, {}) if i in v.get(den, {})]
+    if r:
+        print(f"  {name:34s} ratio {statistics.median(r):.3f} [{min(r):.3f}..{max(r):.3f}]  "
+              f"({statistics.median(v[num].values()):.0f} vs {statistics.median(v[den].values()):.0f} ns, {len(r)} rounds)")
+show("launch, no cap", "launch_nocap", "launch_off")
+show("launch, cap 99 (gate active)", "launch_cap99", "launch_off")
+show("cuMemAlloc+cuMemFree 1 MiB, 8g cap", "malloc_on", "malloc_off")
+PY
 }
 
 s_multiproc() {
