@@ -5,6 +5,7 @@ use crate::ffi::*;
 use mock_gpu::{now_ns, GpuState, MAX_DEVICES};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
 use std::sync::Mutex;
 
 pub type R<T> = Result<T, CUresult>;
@@ -129,7 +130,35 @@ pub struct Proc {
     pub arrays: HashMap<u64, Alloc>,
 }
 
-static PROC: Mutex<Option<Proc>> = Mutex::new(None);
+/// The per-process driver state behind its lock. Not a plain `static Mutex`: a child forked while
+/// another thread of the parent holds the lock would inherit it locked forever. The child handler
+/// (registered at load time) forgets the inherited lock and state instead; the first use in the
+/// child builds a fresh one, so the child starts like a process that never called the driver.
+static PROC: AtomicPtr<Mutex<Option<Proc>>> = AtomicPtr::new(std::ptr::null_mut());
+
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_ATFORK: extern "C" fn() = register_atfork;
+
+extern "C" fn register_atfork() {
+    // SAFETY: registering a plain function; no prepare/parent handlers (nothing is taken at fork).
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+}
+
+/// In the child (one thread, the forking one): drop the inherited lock and state (leaked, never
+/// touched again) and the forking thread's context stack, whose handles belong to the parent.
+extern "C" fn after_fork_child() {
+    PROC.store(std::ptr::null_mut(), SeqCst);
+    let _ = STACK.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            s.clear();
+        }
+    });
+}
+
+fn proc_lock() -> &'static Mutex<Option<Proc>> {
+    mock_gpu::lazy_leak(&PROC, || Mutex::new(None))
+}
 
 thread_local! {
     /// This thread's context stack (top = current).
@@ -142,7 +171,7 @@ pub fn current_handle() -> Option<u64> {
 
 /// Run `f` on the process state (fresh after a fork, like a driver that cannot survive one).
 pub fn with<T>(f: impl FnOnce(&mut Proc) -> T) -> T {
-    let mut g = PROC.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = proc_lock().lock().unwrap_or_else(|e| e.into_inner());
     let gen = mock_gpu::fork_generation();
     if g.as_ref().is_none_or(|p| p.gen != gen) {
         *g = Some(Proc { gen, next_reserve: 0x6000_0000_0000, ..Default::default() });
@@ -278,6 +307,7 @@ impl Proc {
 
     pub fn free(&mut self, st: &GpuState, ptr: u64) -> R<()> {
         let a = self.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        st.free_va(a.dev, ptr, a.charged);
         match a.kind {
             Kind::Pool(pool) => {
                 if let Some(p) = self.pools.get_mut(&pool) {
@@ -391,7 +421,13 @@ impl Proc {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let p = self.pools.remove(&pool).expect("checked");
-        self.allocs.retain(|_, a| a.kind != Kind::Pool(pool));
+        self.allocs.retain(|&ptr, a| {
+            let keep = a.kind != Kind::Pool(pool);
+            if !keep {
+                st.free_va(a.dev, ptr, a.charged);
+            }
+            keep
+        });
         st.uncharge(p.dev, p.reserved);
         for cp in self.current_pool.iter_mut().filter(|cp| **cp == pool) {
             *cp = 0;
@@ -647,6 +683,7 @@ pub unsafe fn image_bytes<'a>(image: *const std::ffi::c_void) -> R<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
 
     #[test]
     fn ptx_entries_and_params() {
@@ -658,6 +695,80 @@ mod tests {
         assert_eq!(e, vec![("vgpu_spin".into(), 1), ("add_one".into(), 2), ("noargs".into(), 0)]);
         assert!(parse_ptx(b"\x7fELF\x02\x01").is_none());
         assert_eq!(parse_ptx(b".version 8.0\n").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn freed_device_addresses_are_reused() {
+        let path = std::env::temp_dir().join(format!("mock-driver-unit-va-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let cfg = mock_gpu::Config {
+            devices: vec![mock_gpu::DeviceConfig { name: "A".into(), total_mem: 2 << 30, sms: 4 }],
+            ..Default::default()
+        };
+        let st = GpuState::open(&path, &cfg).unwrap();
+        st.register().unwrap();
+        let mut p = Proc::default();
+        // 1100 rounds of 1 GiB: more than the 1 TiB address range of a device.
+        for i in 0..1100 {
+            let a = p.alloc(&st, 1, 0, 1 << 30, Kind::Device).unwrap_or_else(|e| panic!("round {i}: {e}"));
+            p.free(&st, a).unwrap();
+        }
+        // Pool allocations give their addresses back when the pool is destroyed.
+        for _ in 0..600 {
+            let pool = p.new_pool(0);
+            p.alloc_from_pool(&st, 1, pool, 1 << 30).unwrap();
+            p.destroy_pool(&st, pool).unwrap();
+        }
+        assert!(st.layout().va_owner[0].iter().all(|o| o.load(Relaxed) == 0));
+        assert_eq!(st.device_used(0), 0);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A child forked while another thread holds the process lock gets a fresh, usable state.
+    #[test]
+    fn forked_child_does_not_inherit_the_lock() {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        STACK.with(|s| s.borrow_mut().push(0xC7 << 40));
+        let holder = std::thread::spawn(move || {
+            with(|p| {
+                p.next = 1000;
+                held_tx.send(()).unwrap();
+                let _ = done_rx.recv_timeout(std::time::Duration::from_secs(10));
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: the child only takes fresh locks of its own and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let fresh = with(|p| p.next == 0 && p.st.is_none() && p.ctxs.is_empty());
+            let stack_clear = current_handle().is_none();
+            unsafe { libc::_exit(if fresh && stack_clear { 0 } else { 1 }) };
+        }
+        assert!(pid > 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut status = 0;
+        let exited = loop {
+            // SAFETY: plain waitpid on our child.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        STACK.with(|s| s.borrow_mut().clear());
+        assert!(exited, "the child hung on the inherited lock");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+        // The parent keeps its state.
+        assert!(with(|p| p.next >= 1000));
     }
 
     #[test]

@@ -12,7 +12,6 @@ mod ffi;
 
 use ffi::*;
 use std::sync::atomic::AtomicU64;
-use std::sync::OnceLock;
 
 /// One exported implementation and how cuGetProcAddress reaches it.
 pub struct Export {
@@ -25,8 +24,9 @@ pub struct Export {
 }
 
 fn guard(name: &'static str, calls: &AtomicU64, f: impl FnOnce() -> CUresult) -> CUresult {
-    static INJ: OnceLock<mock_gpu::Injection> = OnceLock::new();
-    let inj = INJ.get_or_init(|| mock_gpu::Injection::from_env("MOCK_CUDA"));
+    // Not a OnceLock: a child forked during its first initialization would wait on it forever.
+    static INJ: std::sync::atomic::AtomicPtr<mock_gpu::Injection> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+    let inj = mock_gpu::lazy_leak(&INJ, || mock_gpu::Injection::from_env("MOCK_CUDA"));
     mock_gpu::faults::guarded(inj, name, calls, CUDA_ERROR_UNKNOWN, f)
 }
 
@@ -70,8 +70,8 @@ macro_rules! driver_exports {
 pub(crate) use {driver_exports, per_thread};
 
 fn table() -> &'static [Export] {
-    static T: OnceLock<Vec<Export>> = OnceLock::new();
-    T.get_or_init(exports::export_table)
+    static T: std::sync::atomic::AtomicPtr<Vec<Export>> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+    mock_gpu::lazy_leak(&T, exports::export_table).as_slice()
 }
 
 /// The driver's cuGetProcAddress rule: the newest implementation of `base` not newer than

@@ -9,7 +9,6 @@
 use mock_gpu::{now_ns, realtime_us, GpuState, MAX_DEVICES};
 use std::ffi::{c_char, c_uint, CStr};
 use std::sync::atomic::{AtomicU32, Ordering::*};
-use std::sync::OnceLock;
 
 type Ret = u32;
 const NVML_SUCCESS: Ret = 0;
@@ -93,8 +92,9 @@ static HANDLES: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
 static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
 
 fn guard(name: &'static str, calls: &std::sync::atomic::AtomicU64, f: impl FnOnce() -> Ret) -> Ret {
-    static INJ: OnceLock<mock_gpu::Injection> = OnceLock::new();
-    let inj = INJ.get_or_init(|| mock_gpu::Injection::from_env("MOCK_NVML"));
+    // Not a OnceLock: a child forked during its first initialization would wait on it forever.
+    static INJ: std::sync::atomic::AtomicPtr<mock_gpu::Injection> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+    let inj = mock_gpu::lazy_leak(&INJ, || mock_gpu::Injection::from_env("MOCK_NVML"));
     mock_gpu::faults::guarded(inj, name, calls, NVML_ERROR_UNKNOWN, f)
 }
 

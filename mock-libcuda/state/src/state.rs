@@ -2,15 +2,16 @@
 
 use crate::{config::Config, now_ns, BUCKET_NS, MAX_DEVICES, MAX_SLOTS, RING};
 use memmap2::MmapRaw;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, MutexGuard};
 
 pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 #[repr(C)]
 pub struct Header {
@@ -35,8 +36,6 @@ pub struct Device {
     pub pci_bus: u32,
     /// End of the last kernel queued on this device (CLOCK_MONOTONIC ns).
     pub busy_until: AtomicU64,
-    /// Bump pointer for fake device addresses, unique across processes.
-    pub next_va: AtomicU64,
 }
 
 #[repr(C)]
@@ -71,6 +70,11 @@ pub struct Layout {
     pub header: Header,
     pub devices: [Device; MAX_DEVICES],
     pub slots: [Slot; MAX_SLOTS],
+    /// Owner of each `VA_CHUNK` of each device's fake address range: slot + 1, or 0 when free.
+    /// A process claims whole chunks (CAS) and sub-allocates inside them privately; it gives a
+    /// chunk back when nothing of it is in use, and a dead process's chunks are reclaimed with
+    /// its slot. So addresses are unique among live allocations and freed space is reused.
+    pub va_owner: [[AtomicU8; VA_CHUNKS]; MAX_DEVICES],
 }
 
 /// Lock bytes past the data, relative to `lock_base`.
@@ -88,6 +92,57 @@ pub const fn va_base(d: usize) -> u64 {
     0x7000_0000_0000 + ((d as u64) << 40)
 }
 pub const VA_RANGE: u64 = 1 << 40;
+/// Granule of fake address space a process claims from the shared table.
+pub const VA_CHUNK: u64 = 256 << 20;
+pub const VA_CHUNKS: usize = (VA_RANGE / VA_CHUNK) as usize;
+const _: () = assert!(MAX_SLOTS < u8::MAX as usize, "va_owner holds slot + 1 in a byte");
+
+/// This process's free fake address ranges inside the chunks it owns on one device:
+/// offset from `va_base` -> length, never adjacent (coalesced).
+#[derive(Default)]
+struct VaSpace {
+    free: BTreeMap<u64, u64>,
+}
+
+impl VaSpace {
+    /// First fit of `size` bytes aligned to `align`; returns the offset.
+    fn take(&mut self, size: u64, align: u64) -> Option<u64> {
+        let (start, len, at) = self.free.iter().find_map(|(&start, &len)| {
+            let at = start.checked_add(align - 1)? & !(align - 1);
+            (at.checked_add(size)? <= start + len).then_some((start, len, at))
+        })?;
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        if at + size < start + len {
+            self.free.insert(at + size, start + len - at - size);
+        }
+        Some(at)
+    }
+
+    /// Return `[off, off+len)`; returns the coalesced free range that now contains it.
+    fn give(&mut self, off: u64, len: u64) -> (u64, u64) {
+        let (mut start, mut end) = (off, off + len);
+        if let Some((&s, &l)) = self.free.range(..=off).next_back() {
+            if s + l == off {
+                self.free.remove(&s);
+                start = s;
+            }
+        }
+        if let Some(l) = self.free.remove(&end) {
+            end += l;
+        }
+        self.free.insert(start, end - start);
+        (start, end)
+    }
+
+    /// Whether `[off, off+len)` overlaps a free range (a double free or a foreign range).
+    fn overlaps_free(&self, off: u64, len: u64) -> bool {
+        let end = off + len;
+        self.free.range(..end).next_back().is_some_and(|(&s, &l)| s + l > off)
+    }
+}
 
 /// One process's view of the state file.
 pub struct GpuState {
@@ -100,12 +155,13 @@ pub struct GpuState {
     /// Serializes this process's writes into its own busy rings.
     ring_mutex: Mutex<()>,
     my_slot: AtomicUsize,
+    /// Per device: free ranges inside the address chunks our slot owns.
+    va: Mutex<Vec<VaSpace>>,
 }
 
 static CURRENT: AtomicPtr<GpuState> = AtomicPtr::new(std::ptr::null_mut());
-static OPEN: Mutex<()> = Mutex::new(());
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
-static ATFORK: Once = Once::new();
+static ATFORK: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn after_fork_child() {
     // The child shares the parent's open file description (and so its locks): forget that state
@@ -127,25 +183,46 @@ pub fn default_path() -> PathBuf {
 }
 
 /// The process-wide state (opened, and created if needed, on first use).
+///
+/// Lock-free (no mutex a forked child could inherit locked): threads racing on the first use
+/// each open the file and the first to publish wins; the others close theirs (no locks held).
 pub fn shared() -> Result<&'static GpuState, String> {
-    ATFORK.call_once(|| {
+    if !ATFORK.swap(true, AcqRel) {
         // SAFETY: registering a plain function; no prepare/parent handlers.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
-    });
-    let p = CURRENT.load(Acquire);
+    }
+    try_lazy_leak(&CURRENT, || {
+        let path = std::env::var_os("MOCK_GPU_STATE").map(PathBuf::from).unwrap_or_else(default_path);
+        GpuState::open(&path, &Config::from_env())
+    })
+}
+
+/// A lazily built process-wide value without a lock (a forked child can never inherit one
+/// half-taken): racing builders each build, the first to publish wins, the others drop theirs.
+pub fn lazy_leak<T>(slot: &AtomicPtr<T>, build: impl FnOnce() -> T) -> &'static T {
+    match try_lazy_leak(slot, || Ok::<T, std::convert::Infallible>(build())) {
+        Ok(v) => v,
+        Err(e) => match e {},
+    }
+}
+
+/// `lazy_leak` with a build that may fail (nothing is published then; the next call retries).
+pub fn try_lazy_leak<T, E>(slot: &AtomicPtr<T>, build: impl FnOnce() -> Result<T, E>) -> Result<&'static T, E> {
+    let p = slot.load(Acquire);
     if !p.is_null() {
-        // SAFETY: states are leaked, never freed.
+        // SAFETY: published values are leaked, never freed.
         return Ok(unsafe { &*p });
     }
-    let _g = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-    let p = CURRENT.load(Acquire);
-    if !p.is_null() {
-        return Ok(unsafe { &*p });
+    let v = Box::into_raw(Box::new(build()?));
+    match slot.compare_exchange(std::ptr::null_mut(), v, AcqRel, Acquire) {
+        // SAFETY: just leaked and published.
+        Ok(_) => Ok(unsafe { &*v }),
+        Err(winner) => {
+            // SAFETY: `v` was never published; `winner` is leaked, never freed.
+            drop(unsafe { Box::from_raw(v) });
+            Ok(unsafe { &*winner })
+        }
     }
-    let path = std::env::var_os("MOCK_GPU_STATE").map(PathBuf::from).unwrap_or_else(default_path);
-    let st: &'static GpuState = Box::leak(Box::new(GpuState::open(&path, &Config::from_env())?));
-    CURRENT.store(st as *const GpuState as *mut GpuState, Release);
-    Ok(st)
 }
 
 fn flock(fd: i32, cmd: i32, typ: i32, off: i64) -> bool {
@@ -218,6 +295,7 @@ impl GpuState {
             mutex: Mutex::new(()),
             ring_mutex: Mutex::new(()),
             my_slot: AtomicUsize::new(NO_SLOT),
+            va: Mutex::new((0..MAX_DEVICES).map(|_| VaSpace::default()).collect()),
         })
     }
 
@@ -259,7 +337,6 @@ impl GpuState {
             d.total_mem = dc.total_mem;
             d.sms = dc.sms;
             d.pci_bus = 0x18 + i as u32 * 0x10;
-            d.next_va.store(0, Relaxed);
         }
         let h = &mut l.header;
         h.version = VERSION;
@@ -360,6 +437,12 @@ impl GpuState {
     }
 
     fn clear_slot(&self, s: usize) {
+        let tag = s as u8 + 1;
+        for table in &self.layout().va_owner {
+            for o in table.iter().filter(|o| o.load(Relaxed) == tag) {
+                let _ = o.compare_exchange(tag, 0, AcqRel, Relaxed);
+            }
+        }
         for sd in &self.layout().slots[s].dev {
             sd.used.store(0, Relaxed);
             sd.contexts.store(0, Relaxed);
@@ -448,21 +531,83 @@ impl GpuState {
         }
     }
 
-    /// A fresh fake device address range of `size` bytes aligned to `align` (a power of two).
+    /// A fake device address range of `size` bytes aligned to `align` (a power of two), unique
+    /// among the live ranges of all processes. Needs our slot (`register`); give it back with
+    /// `free_va`.
     pub fn alloc_va(&self, d: usize, size: u64, align: u64) -> Option<u64> {
-        let next = &self.device(d).next_va;
-        let mut cur = next.load(Acquire);
-        loop {
-            let start = cur.checked_add(align - 1)? & !(align - 1);
-            let end = start.checked_add(size)?;
-            if end > VA_RANGE {
-                return None;
+        let s = self.my_slot()?;
+        if d >= MAX_DEVICES || size == 0 || size > VA_RANGE || !align.is_power_of_two() || align > VA_RANGE {
+            return None;
+        }
+        let mut va = self.va.lock().unwrap_or_else(|e| e.into_inner());
+        let space = &mut va[d];
+        if let Some(off) = space.take(size, align) {
+            return Some(va_base(d) + off);
+        }
+        let n = size.div_ceil(VA_CHUNK) as usize;
+        let step = (align / VA_CHUNK).max(1) as usize;
+        let first = self.claim_chunks(d, s, n, step)?;
+        space.give(first as u64 * VA_CHUNK, n as u64 * VA_CHUNK);
+        // The claimed run alone fits (chunk-aligned, `align` divides its start).
+        space.take(size, align).map(|off| va_base(d) + off)
+    }
+
+    /// Give back a range from `alloc_va` (same size); chunks with nothing left in use go back to
+    /// the shared table. Returns false (and changes nothing) for a range that is not ours.
+    pub fn free_va(&self, d: usize, addr: u64, size: u64) -> bool {
+        let Some(s) = self.my_slot() else { return false };
+        if d >= MAX_DEVICES || size == 0 || addr < va_base(d) || addr - va_base(d) > VA_RANGE - size.min(VA_RANGE) {
+            return false;
+        }
+        let off = addr - va_base(d);
+        let table = &self.layout().va_owner[d];
+        let (c0, c1) = ((off / VA_CHUNK) as usize, (off + size).div_ceil(VA_CHUNK) as usize);
+        let mut va = self.va.lock().unwrap_or_else(|e| e.into_inner());
+        let space = &mut va[d];
+        if table[c0..c1].iter().any(|o| o.load(Acquire) as usize != s + 1) || space.overlaps_free(off, size) {
+            return false;
+        }
+        let (start, end) = space.give(off, size);
+        let (cs, ce) = (start.div_ceil(VA_CHUNK), end / VA_CHUNK);
+        if ce > cs {
+            space.free.remove(&start);
+            if start < cs * VA_CHUNK {
+                space.free.insert(start, cs * VA_CHUNK - start);
             }
-            match next.compare_exchange_weak(cur, end, AcqRel, Acquire) {
-                Ok(_) => return Some(va_base(d) + start),
-                Err(v) => cur = v,
+            if ce * VA_CHUNK < end {
+                space.free.insert(ce * VA_CHUNK, end - ce * VA_CHUNK);
+            }
+            for o in &table[cs as usize..ce as usize] {
+                let _ = o.compare_exchange(s as u8 + 1, 0, AcqRel, Relaxed);
             }
         }
+        true
+    }
+
+    /// Claim `n` free consecutive chunks of device `d` for slot `s`, the first at a multiple of
+    /// `step`; returns the first chunk's index.
+    fn claim_chunks(&self, d: usize, s: usize, n: usize, step: usize) -> Option<usize> {
+        let table = &self.layout().va_owner[d];
+        let tag = s as u8 + 1;
+        let mut i = 0;
+        while i + n <= VA_CHUNKS {
+            let mut got = 0;
+            while got < n
+                && table[i + got].load(Relaxed) == 0
+                && table[i + got].compare_exchange(0, tag, AcqRel, Relaxed).is_ok()
+            {
+                got += 1;
+            }
+            if got == n {
+                return Some(i);
+            }
+            for o in &table[i..i + got] {
+                o.store(0, Release);
+            }
+            // Skip past the taken chunk, to the next multiple of `step`.
+            i = (i + got + 1).div_ceil(step) * step;
+        }
+        None
     }
 
     /// Queue `dur_ns` of work on device `d`'s timeline for our slot; returns (start, end).
@@ -602,14 +747,82 @@ mod tests {
     fn va_allocation_is_aligned_and_unique() {
         let (p, c) = tmp_state("va");
         let st = GpuState::open(&p, &c).unwrap();
+        assert!(st.alloc_va(0, 100, 512).is_none(), "no slot yet");
+        st.register().unwrap();
         let a = st.alloc_va(0, 100, 512).unwrap();
         let b = st.alloc_va(0, 3 << 20, 2 << 20).unwrap();
         let e = st.alloc_va(1, 1, 512).unwrap();
         assert_eq!(a, va_base(0));
         assert_eq!(b % (2 << 20), 0);
-        assert!(b >= a + 100);
+        assert!(b >= a + 512);
         assert_eq!(e, va_base(1));
-        assert!(st.alloc_va(0, VA_RANGE, 512).is_none());
+        assert!(st.alloc_va(0, VA_RANGE + 1, 512).is_none());
+        // A second process (its own open file description and slot) never gets a live range.
+        let st2 = GpuState::open(&p, &c).unwrap();
+        st2.register().unwrap();
+        let x = st2.alloc_va(0, 100, 512).unwrap();
+        assert!(x >= va_base(0) + VA_CHUNK, "another process's chunk: {x:#x}");
+        assert!(!st.free_va(0, x, 100), "not ours to free");
+        assert!(st2.free_va(0, x, 100));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn freed_address_space_is_reused() {
+        let (p, c) = tmp_state("va-reuse");
+        let st = GpuState::open(&p, &c).unwrap();
+        st.register().unwrap();
+        // Far more than the 1 TiB range over the loop: each round reuses the freed range.
+        for i in 0..2000u64 {
+            let a = st.alloc_va(0, 1 << 30, 2 << 20).unwrap_or_else(|| panic!("round {i}"));
+            assert_eq!(a, va_base(0), "round {i}");
+            assert!(st.free_va(0, a, 1 << 30));
+        }
+        assert!(st.layout().va_owner[0].iter().all(|o| o.load(Relaxed) == 0), "chunks given back");
+        // Fill the whole range, then free it all: everything is reusable, in one piece too.
+        let n = VA_RANGE / (4 << 30);
+        let all: Vec<u64> = (0..n).map(|_| st.alloc_va(0, 4 << 30, 2 << 20).unwrap()).collect();
+        assert!(st.alloc_va(0, 512, 512).is_none(), "range exhausted");
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), all.len(), "unique");
+        for &a in &all {
+            assert!(st.free_va(0, a, 4 << 30));
+        }
+        assert!(!st.free_va(0, all[0], 4 << 30), "double free refused");
+        assert_eq!(st.alloc_va(0, VA_RANGE, 2 << 20), Some(va_base(0)));
+        assert!(st.free_va(0, va_base(0), VA_RANGE));
+        // Small ranges pack into one chunk and give it back only when all are freed.
+        let small: Vec<u64> = (0..100).map(|_| st.alloc_va(1, 1000, 512).unwrap()).collect();
+        assert!(small.windows(2).all(|w| w[1] >= w[0] + 1000));
+        assert_eq!(st.layout().va_owner[1].iter().filter(|o| o.load(Relaxed) != 0).count(), 1);
+        for &a in small.iter().rev() {
+            assert!(st.free_va(1, a, 1000));
+        }
+        assert!(st.layout().va_owner[1].iter().all(|o| o.load(Relaxed) == 0));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn dead_process_address_space_is_reclaimed() {
+        let (p, c) = tmp_state("va-dead");
+        let st = GpuState::open(&p, &c).unwrap();
+        st.register().unwrap();
+        {
+            // Another "process": its own description; dropping it closes the file, which drops
+            // its slot lock exactly as the kernel does when a process dies.
+            let other = GpuState::open(&p, &c).unwrap();
+            other.register().unwrap();
+            let n = VA_RANGE / (8 << 30);
+            for _ in 0..n {
+                other.alloc_va(0, 8 << 30, 2 << 20).unwrap();
+            }
+        }
+        assert!(st.alloc_va(0, 512, 512).is_none(), "the dead process's chunks are not reaped yet");
+        st.reap();
+        assert!(st.layout().va_owner[0].iter().all(|o| o.load(Relaxed) == 0));
+        assert_eq!(st.alloc_va(0, VA_RANGE, 2 << 20), Some(va_base(0)));
         let _ = std::fs::remove_file(&p);
     }
 
