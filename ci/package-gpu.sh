@@ -50,7 +50,7 @@ if [ $with_lib = 1 ]; then
 fi
 cp -r "$root/bench" "$dist/bench"
 rm -rf "$dist/bench/gpu/bin" "$dist"/bench/py/__pycache__
-cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$dist/ci/"
+cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" "$dist/ci/"
 git -C "$root" rev-parse HEAD >"$dist/COMMIT" 2>/dev/null || true
 echo "dist=$dist"
 ls -l "$dist" "$dist/samples" | sed 's/^/  /'

@@ -110,9 +110,16 @@ fn arrays(l: &mut Ledgers) -> &mut Ledger {
 }
 
 /// Index of a driver device in our tables, when it is one we control.
+/// Program device ordinal (= config/region index) of the driver's `CUdevice` `dev`; `None` for a
+/// device this process does not control.
 pub fn dev_index(ps: &ProcState, dev: CUdevice) -> Option<usize> {
-    let i = usize::try_from(dev).ok()?;
-    (i < ps.devices.len()).then_some(i)
+    // Fast path: the driver's handle is the ordinal.
+    if let Some(d) = usize::try_from(dev).ok().and_then(|i| ps.devices.get(i)) {
+        if d.handle == dev {
+            return Some(d.index);
+        }
+    }
+    ps.devices.iter().find(|d| d.handle == dev).map(|d| d.index)
 }
 
 fn current_index(ps: &ProcState) -> Option<usize> {
@@ -203,9 +210,10 @@ unsafe fn managed_fallback(ps: &ProcState, dev: usize, dptr: *mut CUdeviceptr, b
     if r != CUDA_SUCCESS {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    let cudev = dev as CUdevice;
-    if driver::device_attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, cudev) == Some(1) {
-        let _ = driver::advise_preferred_device(*dptr, bytesize, cudev);
+    if let Some(cudev) = ps.device(dev).map(|d| d.handle) {
+        if driver::device_attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, cudev) == Some(1) {
+            let _ = driver::advise_preferred_device(*dptr, bytesize, cudev);
+        }
     }
     vgpu_core::info!("cuMemAlloc: {bytesize} bytes on device {dev} served from managed memory (oversubscribed)");
     let _ = ps;

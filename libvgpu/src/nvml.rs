@@ -2,11 +2,22 @@
 //! container's devices with total = cap, used = the container's usage (every live process in the
 //! region), free = total - used; and process lists filtered to the container's processes.
 //!
-//! NVML numbers devices physically; a handle is mapped to the container's device index by UUID:
-//! against the devices this process got from CUDA when it has initialized CUDA, else against the
-//! UUIDs CUDA processes recorded in the region, else via `CUDA_VISIBLE_DEVICES` (UUID prefixes, or
-//! indices compared with NVML's index) or `GPU_DEVICES_UUID`; with none of these, NVML's index.
-//! Devices that do not map, and uncapped devices, are reported unchanged.
+//! NVML numbers devices physically (all of them, whatever `CUDA_VISIBLE_DEVICES` says); the
+//! container's device index is the program's CUDA ordinal, which config and region use. A handle
+//! is mapped by UUID (never by NVML's index when a UUID can decide):
+//! 1. a process that has initialized CUDA: its own devices (ordinal i = the device whose UUID
+//!    `cuDeviceGetUuid(i)` gave);
+//! 2. else (NVML-only processes such as nvidia-smi): the UUIDs the container's CUDA processes
+//!    recorded in the region;
+//! 3. else `CUDA_VISIBLE_DEVICES` (UUID prefixes, or indices compared with NVML's index), else
+//!    `GPU_DEVICES_UUID`, else NVML's index; a guess the region contradicts (it records another
+//!    UUID at that index) is dropped.
+//!
+//! Devices that do not map (not visible to the program, e.g. physical GPU 0 under
+//! `CUDA_VISIBLE_DEVICES=1`) and uncapped devices are **passed through**: reported unchanged, not
+//! hidden. Hiding would renumber NVML's indices and break handle lookups of host tools, the
+//! container runtime already hides GPUs the container was not given, and no cap of this process
+//! applies to a device it cannot allocate on.
 //!
 //! Process lists: NVML reports host PIDs. An entry is kept when its PID is the container PID or
 //! the recorded host PID of a live slot in the region. Without a shared PID namespace and without
@@ -21,28 +32,41 @@ use std::ffi::c_uint;
 use vgpu_core::config::VisibleDevice;
 use vgpu_core::region::Region;
 
-/// Container device index of an NVML handle.
+/// Container device index of an NVML handle (see the module comment for the order).
 fn container_index(rt: &Runtime, h: nvmlDevice_t) -> Option<usize> {
     let uuid = driver::nvml_uuid(h)?;
     if let Some(ps) = rt.proc_if_ready() {
-        return ps.devices.iter().position(|d| d.uuid.eq_ignore_ascii_case(&uuid));
+        return ps.devices.iter().find(|d| d.uuid.eq_ignore_ascii_case(&uuid)).map(|d| d.index);
     }
-    if let Some(r) = rt.region_for_read() {
+    let region = rt.region_for_read();
+    if let Some(r) = region {
         if let Some(i) = (0..r.device_num()).find(|&i| r.uuid(i).eq_ignore_ascii_case(&uuid)) {
             return Some(i);
         }
     }
-    if let Some(vis) = &rt.config.visible_devices {
-        let nvml_idx = driver::nvml_index(h);
+    let guess = index_from_env(rt.config.visible_devices.as_deref(), &rt.config.devices_uuid, &uuid, || driver::nvml_index(h))?;
+    match region {
+        // The region records another device at that index: the guess is wrong.
+        Some(r) if !r.uuid(guess).is_empty() => None,
+        _ => Some(guess),
+    }
+}
+
+/// Container index of the device `uuid` from the environment alone: its position in
+/// `CUDA_VISIBLE_DEVICES` (a UUID prefix, or an index compared with NVML's `nvml_index`), else
+/// in `GPU_DEVICES_UUID`, else NVML's index.
+fn index_from_env(visible: Option<&[VisibleDevice]>, devices_uuid: &[String], uuid: &str,
+    nvml_index: impl Fn() -> Option<u32>) -> Option<usize> {
+    if let Some(vis) = visible {
         return vis.iter().position(|v| match v {
             VisibleDevice::Uuid(p) => uuid.len() >= p.len() && uuid[..p.len()].eq_ignore_ascii_case(p),
-            VisibleDevice::Index(n) => nvml_idx == Some(*n),
+            VisibleDevice::Index(n) => nvml_index() == Some(*n),
         });
     }
-    if !rt.config.devices_uuid.is_empty() {
-        return rt.config.devices_uuid.iter().position(|u| u.eq_ignore_ascii_case(&uuid));
+    if !devices_uuid.is_empty() {
+        return devices_uuid.iter().position(|u| u.eq_ignore_ascii_case(uuid));
     }
-    driver::nvml_index(h).map(|i| i as usize)
+    nvml_index().map(|i| i as usize)
 }
 
 /// (cap, container usage) of container device `dev`; `None` when uncapped.
@@ -152,5 +176,25 @@ mod tests {
         let n = filter_in_place(&mut v, |x| *x, &[7, 9]);
         assert_eq!(&v[..n], &[7, 7, 9]);
         assert_eq!(filter_in_place(&mut v[..0], |x| *x, &[7]), 0);
+    }
+
+    #[test]
+    fn env_index_follows_the_visible_order() {
+        use VisibleDevice::{Index, Uuid};
+        let (a, b) = ("GPU-aaaa-1", "GPU-bbbb-2");
+        // CUDA_VISIBLE_DEVICES=1,0: physical 1 is the container's device 0
+        let vis = [Index(1), Index(0)];
+        assert_eq!(index_from_env(Some(&vis), &[], b, || Some(1)), Some(0));
+        assert_eq!(index_from_env(Some(&vis), &[], a, || Some(0)), Some(1));
+        // by UUID prefix, reordered; a device not listed is not the container's
+        let vis = [Uuid("GPU-bbbb".into()), Uuid("gpu-AAAA".into())];
+        assert_eq!(index_from_env(Some(&vis), &[], b, || Some(1)), Some(0));
+        assert_eq!(index_from_env(Some(&vis), &[], a, || Some(0)), Some(1));
+        assert_eq!(index_from_env(Some(&[Index(1)]), &[], a, || Some(0)), None);
+        // GPU_DEVICES_UUID, then NVML's index
+        let list = [b.to_string(), a.to_string()];
+        assert_eq!(index_from_env(None, &list, a, || Some(0)), Some(1));
+        assert_eq!(index_from_env(None, &list, "GPU-cccc", || Some(2)), None);
+        assert_eq!(index_from_env(None, &[], a, || Some(3)), Some(3));
     }
 }

@@ -18,6 +18,7 @@
 //! blocking; `rt.proc_if_ready()` the process state (region + slot + devices) when phase 2 is done.
 
 use crate::driver;
+use crate::ffi::CUdevice;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -30,6 +31,9 @@ use vgpu_core::MAX_DEVICES;
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
     pub index: usize,
+    /// The driver's `CUdevice` for this ordinal (`cuDeviceGet(index)`; equal to `index` on every
+    /// known driver, but compared, never assumed).
+    pub handle: CUdevice,
     /// "GPU-..." as NVML spells it.
     pub uuid: String,
     pub physical_total: u64,
@@ -237,6 +241,16 @@ fn build_proc(cfg: &Config, reuse: Option<(Region, Vec<DeviceInfo>)>) -> Option<
 
 fn finish(region: Region, slot: SlotId, pid: u32, devices: Vec<DeviceInfo>) -> ProcState {
     for d in &devices {
+        let recorded = region.uuid(d.index);
+        if !recorded.is_empty() && !d.uuid.is_empty() && !recorded.eq_ignore_ascii_case(&d.uuid) {
+            // Caps are per ordinal: processes sharing a region must see the devices in one order.
+            vgpu_core::warn!(
+                "device {}: the shared region records {} but this process's device {} is {} \
+                 (processes of the container see different CUDA_VISIBLE_DEVICES orders?); \
+                 cap {} applies to {} here",
+                d.index, recorded, d.index, d.uuid, d.index, d.uuid
+            );
+        }
         if let Err(e) = region.set_device_info(d.index, &d.uuid, d.physical_total) {
             vgpu_core::warn!("recording device {} in the region failed: {e}", d.index);
         }
@@ -274,6 +288,7 @@ fn query_devices(cfg: &Config) -> Option<Vec<DeviceInfo>> {
         let uuid = driver::device_uuid(dev).map(|u| driver::uuid_string(&u)).unwrap_or_default();
         out.push(DeviceInfo {
             index: i,
+            handle: dev,
             uuid,
             physical_total: physical,
             mem_limit: cfg.mem_limit(i, physical),

@@ -212,11 +212,9 @@ impl Proc {
         (kind << 40) | (self.next << 4)
     }
 
+    /// Physical index of device ordinal `d` (after `CUDA_VISIBLE_DEVICES`: `crate::visible`).
     pub fn dev(&self, st: &GpuState, d: CUdevice) -> R<usize> {
-        if d < 0 || d as usize >= st.device_count() {
-            return Err(CUDA_ERROR_INVALID_DEVICE);
-        }
-        Ok(d as usize)
+        crate::visible::physical(st, d).ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 
     /// The calling thread's current context.

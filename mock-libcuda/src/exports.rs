@@ -423,7 +423,7 @@ driver_exports! {
                 eprintln!("[mock-cuda] error: {e}");
                 CUDA_ERROR_OPERATING_SYSTEM
             })?;
-            if st.device_count() == 0 {
+            if crate::visible::devices(st).is_empty() {
                 return Err(CUDA_ERROR_NO_DEVICE);
             }
             st.register().map_err(|e| {
@@ -444,7 +444,7 @@ driver_exports! {
         })
     }
     "cuDeviceGetCount" @ 2000 => fn cuDeviceGetCount(n: *mut i32) {
-        run(|_, st| out(n, st.device_count() as i32))
+        run(|_, st| out(n, crate::visible::devices(st).len() as i32))
     }
     "cuDeviceGetName" @ 2000 => fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice) {
         run(|p, st| {
@@ -493,7 +493,7 @@ driver_exports! {
             let s = CStr::from_ptr(id).to_string_lossy().to_ascii_lowercase();
             let bus = s.split(':').rev().nth(1).and_then(|b| u32::from_str_radix(b, 16).ok()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let d = (0..st.device_count()).find(|&d| st.device(d).pci_bus == bus).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-            out(dev, d as i32)
+            out(dev, crate::visible::ordinal(st, d).ok_or(CUDA_ERROR_INVALID_DEVICE)?)
         })
     }
     "cuDeviceComputeCapability" @ 2000 => fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: CUdevice) {
@@ -602,15 +602,15 @@ driver_exports! {
         })
     }
     "cuCtxGetDevice" @ 2000 => fn cuCtxGetDevice(dev: *mut CUdevice) {
-        run(|p, _| out(dev, p.cur()?.1 as i32))
+        run(|p, st| out(dev, crate::visible::ordinal(st, p.cur()?.1).ok_or(CUDA_ERROR_INVALID_DEVICE)?))
     }
     "cuCtxGetDevice" @ 13000 => fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: Handle) {
-        run(|p, _| {
+        run(|p, st| {
             let d = match ctx as u64 {
                 0 => p.cur()?.1,
                 c => p.ctxs.get(&c).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.dev,
             };
-            out(dev, d as i32)
+            out(dev, crate::visible::ordinal(st, d).ok_or(CUDA_ERROR_INVALID_DEVICE)?)
         })
     }
     "cuCtxSynchronize" @ 2000 => fn cuCtxSynchronize() {

@@ -9,6 +9,7 @@
 mod driver;
 mod exports;
 mod ffi;
+mod visible;
 
 use ffi::*;
 use std::sync::atomic::AtomicU64;
