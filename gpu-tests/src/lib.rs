@@ -1,6 +1,11 @@
 //! Test support for the integration tests: builds the preload library, the mocks and the tools
 //! once per test process and lays the mocks out under the file names the loader looks for.
 //!
+//! Profiles: by default everything runs against the mock driver and NVML. With
+//! `VGPU_TEST_PROFILE=real` the tests use the system's NVIDIA driver and prebuilt artifacts from
+//! `VGPU_ARTIFACTS_DIR` (the `dist/` tree of `ci/package-gpu.sh`, which holds no Rust toolchain
+//! needs); asked for without a GPU, every test fails loudly. `ci/gpu-tests.sh` runs them so.
+//!
 //! The mocks are cdylib crates, which cargo cannot hand to another crate's tests as artifacts, so
 //! `artifacts()` runs a nested `cargo build` into its own target directory (`target/artifacts`),
 //! which cannot deadlock on the outer `cargo test`'s build lock.
@@ -40,7 +45,44 @@ pub fn workspace_root() -> PathBuf {
 /// a test that cannot get its artifacts must fail loudly, never skip.
 pub fn artifacts() -> &'static Artifacts {
     static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
-    ARTIFACTS.get_or_init(build_artifacts)
+    ARTIFACTS.get_or_init(|| if real_gpu() { real_artifacts() } else { build_artifacts() })
+}
+
+/// `VGPU_TEST_PROFILE=real`: run against the system driver on a real GPU.
+pub fn real_gpu() -> bool {
+    match std::env::var("VGPU_TEST_PROFILE").as_deref() {
+        Ok("real") => true,
+        Ok("mock") | Err(_) => false,
+        Ok(other) => panic!("VGPU_TEST_PROFILE={other:?}: expected \"mock\" or \"real\""),
+    }
+}
+
+/// The real-GPU profile's artifacts: prebuilt, from `VGPU_ARTIFACTS_DIR`; a GPU must be present.
+fn real_artifacts() -> Artifacts {
+    let gpu = Command::new("nvidia-smi").arg("-L").output();
+    match gpu {
+        Ok(o) if o.status.success() && !o.stdout.is_empty() => {}
+        Ok(o) => panic!(
+            "VGPU_TEST_PROFILE=real but nvidia-smi finds no GPU: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => panic!("VGPU_TEST_PROFILE=real but nvidia-smi cannot run ({e}): no NVIDIA driver here"),
+    }
+    let dir = PathBuf::from(
+        std::env::var("VGPU_ARTIFACTS_DIR")
+            .expect("VGPU_TEST_PROFILE=real needs VGPU_ARTIFACTS_DIR (the dist/ tree of ci/package-gpu.sh)"),
+    );
+    let a = Artifacts {
+        libvgpu: dir.join("libvgpu.so"),
+        mock_lib_dir: PathBuf::new(),
+        tools_dir: dir.join("tools"),
+        samples_dir: dir.join("samples"),
+    };
+    for p in [&a.libvgpu, &a.tools_dir, &a.samples_dir] {
+        assert!(p.exists(), "VGPU_ARTIFACTS_DIR: {} is missing", p.display());
+    }
+    a
 }
 
 fn build_artifacts() -> Artifacts {
@@ -110,8 +152,9 @@ impl Drop for Scratch {
     }
 }
 
-/// A command for `program` running against the mock GPU: the mocks on LD_LIBRARY_PATH, the
-/// scratch dir's mock state and region, and (if `hooked`) libvgpu.so preloaded. Any inherited
+/// A command for `program` running against the mock GPU (the real one in the real profile): the
+/// mocks on LD_LIBRARY_PATH, the scratch dir's mock state and region, and (if `hooked`)
+/// libvgpu.so preloaded. Any inherited
 /// CUDA_*/MOCK_* variables are cleared so the host environment cannot leak into a test.
 pub fn mock_command(program: &Path, scratch: &Scratch, hooked: bool) -> Command {
     let a = artifacts();
@@ -123,9 +166,10 @@ pub fn mock_command(program: &Path, scratch: &Scratch, hooked: bool) -> Command 
             cmd.env_remove(k);
         }
     }
-    cmd.env("LD_LIBRARY_PATH", &a.mock_lib_dir)
-        .env("MOCK_GPU_STATE", scratch.mock_state())
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch.region());
+    if !real_gpu() {
+        cmd.env("LD_LIBRARY_PATH", &a.mock_lib_dir).env("MOCK_GPU_STATE", scratch.mock_state());
+    }
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch.region());
     if hooked {
         cmd.env("LD_PRELOAD", &a.libvgpu);
     }

@@ -92,7 +92,6 @@ fn bad_other_values_one_line_and_still_capped() {
         ("GPU_CORE_UTILIZATION_POLICY", &["sometimes", "-1", "FORCEFULLY"]),
         ("CUDA_TASK_PRIORITY", &["", "high", "1.5", "99999999999", "-99999999999"]),
         ("LIBCUDA_LOG_LEVEL", &["", "loud", "-1", "5", "256"]),
-        ("CUDA_VISIBLE_DEVICES", &["abc", "0,x", "99999999999", "-1"]),
     ];
     let mut n = 0;
     for (var, vals) in cases {
@@ -113,6 +112,34 @@ fn bad_other_values_one_line_and_still_capped() {
         }
     }
     report("bad_env_other", &[("cases", n.to_string()), ("outcome", "one_line+capped".into())]);
+}
+
+/// A malformed CUDA_VISIBLE_DEVICES hides devices, as the real driver does (it stops at the
+/// first bad entry; nothing left means CUDA_ERROR_NO_DEVICE). Either the program sees no device
+/// (nothing to cap) or whatever it sees is still capped; never a crash or hang.
+#[test]
+#[ignore = "run by ci/stress.sh"]
+fn bad_visible_devices_hide_devices_or_stay_capped() {
+    let mut n = 0;
+    for val in ["abc", "0,x", "99999999999", "-1", ","] {
+        let s = Scratch::new("st-badvis");
+        let mut c = sample("test_vram_limit", &s, true);
+        c.args(["--step", "64m", "--max", "1g"]).env("CUDA_VISIBLE_DEVICES", val).env("CUDA_DEVICE_MEMORY_LIMIT", "512m");
+        let d = run_limited(&mut c, Duration::from_secs(30));
+        if d.status.success() {
+            let got = num(&d.stdout, "allocated_bytes");
+            assert!(got <= 512 * MIB - CTX, "CUDA_VISIBLE_DEVICES={val:?}: allocated {got} past the cap\n{}", d.stdout);
+        } else {
+            let all = format!("{}{}", d.stdout, d.stderr);
+            assert!(
+                all.contains("CUDA_ERROR_NO_DEVICE") || all.contains("CUDA_ERROR_INVALID_DEVICE"),
+                "CUDA_VISIBLE_DEVICES={val:?}: failed for another reason: {}\n{all}",
+                d.status
+            );
+        }
+        n += 1;
+    }
+    report("bad_visible_devices", &[("cases", n.to_string()), ("outcome", "hidden_or_capped".into())]);
 }
 
 /// Several malformed variables at once: one line for each, nothing else.
