@@ -4,7 +4,9 @@
 #   dist/tools/{shrreg-tool,vgpu-smi}   (when vgpu-tools builds)
 #   dist/samples/<sample>        the C driver-API samples (cuda-samples)
 #   dist/bench/                  bench/ (CUDA-runtime benchmark source + build.sh, python scripts)
-#   dist/ci/gpu-suite.sh         the one command to run there:  dist/ci/gpu-suite.sh --help
+#   dist/ci/gpu-*.sh             the commands to run there (gpu-suite.sh --help, gpu-limiter.sh,
+#                                gpu-reliability.sh, gpu-multi.sh, gpu-tests.sh)
+#   dist/gpu-tests/<test>        integration-test binaries for the real-GPU profile (ci/gpu-tests.sh)
 # Usage: ci/package-gpu.sh [--no-lib]   (--no-lib: package samples/bench only, without libvgpu)
 # Env: CARGO_TARGET_DIR (default target/), DIST (default dist/).
 set -euo pipefail
@@ -50,7 +52,23 @@ if [ $with_lib = 1 ]; then
 fi
 cp -r "$root/bench" "$dist/bench"
 rm -rf "$dist/bench/gpu/bin" "$dist"/bench/py/__pycache__
-cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" "$dist/ci/"
+cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" \
+    "$root/ci/gpu-tests.sh" "$dist/ci/"
+# The integration tests that run on a real GPU too (VGPU_TEST_PROFILE=real; see gpu-tests/src/lib.rs).
+if [ $with_lib = 1 ]; then
+    mkdir -p "$dist/gpu-tests"
+    CARGO_TARGET_DIR="$target" cargo test -p gpu-tests --test profile --test limiter --no-run \
+        --message-format=json-render-diagnostics 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])
+' | while read -r exe; do cp "$exe" "$dist/gpu-tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"; done
+fi
 git -C "$root" rev-parse HEAD >"$dist/COMMIT" 2>/dev/null || true
 echo "dist=$dist"
 ls -l "$dist" "$dist/samples" | sed 's/^/  /'
