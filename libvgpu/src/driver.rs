@@ -24,6 +24,7 @@ static nvmlDeviceGetHandleByUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGe
 static nvmlDeviceGetUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUUID");
 static nvmlDeviceGetIndex: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetIndex");
 static nvmlDeviceGetUtilizationRates: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUtilizationRates");
+static nvmlDeviceGetProcessUtilization: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetProcessUtilization");
 
 macro_rules! call {
     ($cell:expr, fn($($t:ty),*) -> $r:ty, $($a:expr),*) => {{
@@ -163,6 +164,39 @@ pub fn nvml_gpu_util(h: nvmlDevice_t) -> Option<u32> {
     let mut u = NvmlUtilization::default();
     let r = call!(nvmlDeviceGetUtilizationRates, fn(nvmlDevice_t, *mut NvmlUtilization) -> nvmlReturn_t, h, &mut u)?;
     (r == NVML_SUCCESS).then_some(u.gpu)
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct NvmlProcessUtilizationSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// Highest SM utilization NVML sampled for host process `pid` since `since_us` (NVML's
+/// microsecond timestamps); `None` when NVML has no sample of it (or no NVML).
+pub fn nvml_process_sm_util(h: nvmlDevice_t, pid: u32, since_us: u64) -> Option<u32> {
+    let mut n: c_uint = 0;
+    let probe = call!(nvmlDeviceGetProcessUtilization,
+        fn(nvmlDevice_t, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> nvmlReturn_t,
+        h, std::ptr::null_mut(), &mut n, since_us)?;
+    if probe != NVML_ERROR_INSUFFICIENT_SIZE || n == 0 {
+        return None;
+    }
+    let mut v = vec![NvmlProcessUtilizationSample::default(); n as usize + 4];
+    let mut n = v.len() as c_uint;
+    let r = call!(nvmlDeviceGetProcessUtilization,
+        fn(nvmlDevice_t, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> nvmlReturn_t,
+        h, v.as_mut_ptr(), &mut n, since_us)?;
+    if r != NVML_SUCCESS {
+        return None;
+    }
+    v.iter().take(n as usize).filter(|x| x.pid == pid).map(|x| x.sm_util).max()
 }
 
 /// Device memory used as NVML reports it (the real `nvmlDeviceGetMemoryInfo`).

@@ -59,6 +59,7 @@ fn run(rt: &'static Runtime) {
     let mut last_at = vgpu_core::clock::now_ns();
     let mut tick = 0u32;
     let mut nvml_handles: [Option<usize>; MAX_DEVICES] = [None; MAX_DEVICES];
+    let mut nvml_seen_us = 0u64;
     loop {
         std::thread::sleep(TICK);
         tick = tick.wrapping_add(1);
@@ -75,7 +76,9 @@ fn run(rt: &'static Runtime) {
         let mut launched = [false; MAX_DEVICES];
         let mut busy_total = 0;
         let mut launches = 0;
+        let mut gated = [false; MAX_DEVICES];
         crate::launch::flush_and_report(ps, |dev, busy, n| {
+            gated[dev] = true;
             launches += n;
             let delta = busy.saturating_sub(last_busy[dev]);
             last_busy[dev] = busy;
@@ -84,14 +87,21 @@ fn run(rt: &'static Runtime) {
             ps.region.set_proc_sm_util(ps.slot, dev, pct);
             launched[dev] = delta > 0;
         });
+        let any_launch = LAUNCHED.swap(false, AcqRel);
         for dev in 0..ps.devices.len() {
-            crate::launch::bucket(ps, dev).roll_window(now);
+            if gated[dev] && GATE.load(Relaxed) {
+                crate::launch::bucket(ps, dev).roll_window(now);
+            } else {
+                // No gate, no occupancy tracking (the uncapped fast path measures nothing):
+                // take utilization from NVML instead.
+                publish_nvml_util(ps, dev, nvml_handles[dev], any_launch, &mut nvml_seen_us);
+            }
             observe_tenants(ps, dev, &mut nvml_handles[dev]);
         }
         let ext = ps.region.slot_ext(ps.slot);
         ext.busy_ns.store(busy_total, Relaxed);
         ext.launches.store(launches, Relaxed);
-        if LAUNCHED.swap(false, AcqRel) || launched.iter().any(|&l| l) {
+        if any_launch || launched.iter().any(|&l| l) {
             ps.region.set_last_kernel_time(vgpu_core::clock::unix_seconds());
             ext.last_launch_ns.store(now, Relaxed);
         }
@@ -111,6 +121,30 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>) {
     let others = gpu as i64 - own;
     CONTENDED[dev].store(others >= CONTENDED_OTHERS_PCT, Relaxed);
     OTHERS_IDLE[dev].store(others < IDLE_OTHERS_PCT, Relaxed);
+}
+
+/// Utilization without a cap: NVML's per-process samples when our host PID is known (shared PID
+/// namespace), else the device's utilization while this process launched (exact when the
+/// container is alone on the GPU). Published as the process's and the container's utilization.
+fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched: bool, seen_us: &mut u64) {
+    let Some(h) = handle else { return };
+    let h = h as crate::ffi::nvmlDevice_t;
+    let hostpid = ps.region.slot_hostpid(ps.slot);
+    let since = *seen_us;
+    *seen_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+        .saturating_sub(2_000_000);
+    let util = if hostpid > 0 {
+        crate::driver::nvml_process_sm_util(h, hostpid as u32, since).unwrap_or(0)
+    } else if launched {
+        crate::driver::nvml_gpu_util(h).unwrap_or(0)
+    } else {
+        0
+    };
+    ps.region.set_proc_sm_util(ps.slot, dev, util as u64);
+    ps.region.limiter(dev).util_centi_percent.store(util as u64 * 100, Relaxed);
 }
 
 /// Gate launches when any device has a cap or the container is paused.
