@@ -200,7 +200,8 @@ fn cap_shared_by(procs: usize, threads: usize, iters: usize, hold: usize) {
 
 #[test]
 fn two_processes_many_threads_never_exceed_the_cap() {
-    cap_shared_by(2, 8, 400, 12);
+    // 8 threads x 24 held x ~16 MiB exceeds the 2 GiB cap even if the two processes barely overlap.
+    cap_shared_by(2, 8, 400, 24);
 }
 
 #[test]

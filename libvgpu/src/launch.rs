@@ -277,10 +277,11 @@ fn gated_sync() {
     g.tracker.after_sync(&mut g.markers, now, &bucket);
 }
 
-/// Charge whatever the trackers hold pending and report this process's occupancy (ns) and
-/// launches per device, both cumulative, as seen by the gate (so only while a cap or suspend
-/// is active: the uncapped fast path counts nothing). Never blocks: a busy gate is skipped.
-pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, u64, u64)) {
+/// Devices this process has gated launches on, and for each the cumulative occupancy (ns) and
+/// launches its tracker counted (only while a cap or suspend is active: the uncapped fast path
+/// counts nothing). Charges whatever the trackers hold pending. Never blocks: a gate busy in a
+/// launch (or asleep in one) reports `None` this round, but still counts as gated.
+pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Option<(u64, u64)>)) {
     for (dev, p) in GATES.iter().enumerate() {
         let p = p.load(Acquire);
         if p.is_null() {
@@ -288,9 +289,12 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, u64
         }
         // SAFETY: leaked, never freed.
         let m = unsafe { &*p };
-        if let Ok(mut g) = m.try_lock() {
-            g.tracker.flush_pending(&bucket(ps, dev));
-            report(dev, g.tracker.charged_total_ns, g.tracker.launches());
+        match m.try_lock() {
+            Ok(mut g) => {
+                g.tracker.flush_pending(&bucket(ps, dev));
+                report(dev, Some((g.tracker.charged_total_ns, g.tracker.launches())));
+            }
+            Err(_) => report(dev, None),
         }
     }
 }

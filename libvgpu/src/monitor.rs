@@ -77,8 +77,9 @@ fn run(rt: &'static Runtime) {
         let mut busy_total = 0;
         let mut launches = 0;
         let mut gated = [false; MAX_DEVICES];
-        crate::launch::flush_and_report(ps, |dev, busy, n| {
+        crate::launch::flush_and_report(ps, |dev, stats| {
             gated[dev] = true;
+            let Some((busy, n)) = stats else { return };
             launches += n;
             let delta = busy.saturating_sub(last_busy[dev]);
             last_busy[dev] = busy;
