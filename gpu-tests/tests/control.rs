@@ -286,3 +286,51 @@ fn running_usage_and_utilization_show_in_print_json_and_metrics() {
     assert!(now.abs_diff(last) <= 5, "last kernel time {last}, now {now}");
     run.stop();
 }
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn container_utilization_is_not_zeroed_by_an_idle_process() {
+    let s = Scratch::new("ctl-util-idle");
+    let mut c = hooked("test_alloc_paths", &s, Some("4g"));
+    c.args(["--path", "mem_alloc", "--size", "512m", "--hold", "--hold-seconds", "30"]).env("CUDA_DEVICE_SM_LIMIT", "50");
+    let mut holder = Bg::spawn(c, "holder");
+    holder.wait_line("holding=1", Duration::from_secs(10));
+    let run = capped_launcher(&s);
+    std::thread::sleep(Duration::from_millis(1200));
+    let seen: Vec<f64> = (0..10)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(150));
+            smi_json(&s).get("devices").arr()[0].get("utilization_percent").num()
+        })
+        .collect();
+    assert!(seen.iter().all(|u| (35.0..=65.0).contains(u)), "container utilization under a 50% cap, sampled every 150 ms: {seen:?}");
+    run.stop();
+    holder.stop();
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn process_sm_util_follows_the_cap_and_launch_counts_only_grow() {
+    let s = Scratch::new("ctl-util-proc");
+    let run = capped_launcher(&s);
+    let lp = run.pid();
+    std::thread::sleep(Duration::from_millis(1200));
+    let seen: Vec<(f64, f64)> = (0..10)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(150));
+            let j = smi_json(&s);
+            let d = &j.get("devices").arr()[0];
+            let p = d.get("processes").arr().iter().find(|p| p.get("pid").num() as i32 == lp).unwrap().clone();
+            (p.get("sm_util_percent").num(), p.get("launches").num())
+        })
+        .collect();
+    assert!(
+        seen.iter().all(|(u, _)| (30.0..=70.0).contains(u)),
+        "(sm_util, launches) of a process capped at 50%, sampled every 150 ms: {seen:?}"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].1 > 0.0 && w[1].1 >= w[0].1),
+        "launch count of a running process (cumulative) went to 0 or backwards: {seen:?}"
+    );
+    run.stop();
+}

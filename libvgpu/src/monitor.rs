@@ -54,12 +54,21 @@ pub(crate) fn after_fork_child() {
     crate::launch::after_fork_child();
 }
 
+/// What the monitor last learned from one device's gate (kept across ticks on which the gate
+/// was busy, so counters never drop and rates divide by the time they really cover).
+#[derive(Clone, Copy, Default)]
+struct GateStats {
+    busy_ns: u64,
+    launches: u64,
+    at_ns: u64,
+}
+
 fn run(rt: &'static Runtime) {
-    let mut last_busy = [0u64; MAX_DEVICES];
-    let mut last_at = vgpu_core::clock::now_ns();
+    let mut stats = [GateStats::default(); MAX_DEVICES];
     let mut tick = 0u32;
     let mut nvml_handles: [Option<usize>; MAX_DEVICES] = [None; MAX_DEVICES];
     let mut nvml_seen_us = 0u64;
+    let mut tenants = [TenantSignal::default(); MAX_DEVICES];
     loop {
         std::thread::sleep(TICK);
         tick = tick.wrapping_add(1);
@@ -71,22 +80,19 @@ fn run(rt: &'static Runtime) {
             continue;
         }
         let now = vgpu_core::clock::now_ns();
-        let elapsed = now.saturating_sub(last_at).max(1);
-        last_at = now;
         let mut launched = [false; MAX_DEVICES];
-        let mut busy_total = 0;
-        let mut launches = 0;
         let mut gated = [false; MAX_DEVICES];
-        crate::launch::flush_and_report(ps, |dev, stats| {
+        crate::launch::flush_and_report(ps, |dev, fresh| {
             gated[dev] = true;
-            let Some((busy, n)) = stats else { return };
-            launches += n;
-            let delta = busy.saturating_sub(last_busy[dev]);
-            last_busy[dev] = busy;
-            busy_total += busy;
-            let pct = (delta.saturating_mul(100) / elapsed).min(100);
-            ps.region.set_proc_sm_util(ps.slot, dev, pct);
-            launched[dev] = delta > 0;
+            let Some((busy, n)) = fresh else { return }; // gate busy: keep the last values
+            let last = stats[dev];
+            if last.at_ns > 0 && now > last.at_ns {
+                let delta = busy.saturating_sub(last.busy_ns);
+                let pct = (delta.saturating_mul(100) / (now - last.at_ns)).min(100);
+                ps.region.set_proc_sm_util(ps.slot, dev, pct);
+                launched[dev] = delta > 0 || n > last.launches;
+            }
+            stats[dev] = GateStats { busy_ns: busy, launches: n, at_ns: now };
         });
         let any_launch = LAUNCHED.swap(false, AcqRel);
         for dev in 0..ps.devices.len() {
@@ -97,11 +103,11 @@ fn run(rt: &'static Runtime) {
                 // take utilization from NVML instead.
                 publish_nvml_util(ps, dev, nvml_handles[dev], any_launch, &mut nvml_seen_us);
             }
-            observe_tenants(ps, dev, &mut nvml_handles[dev]);
+            observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
         }
         let ext = ps.region.slot_ext(ps.slot);
-        ext.busy_ns.store(busy_total, Relaxed);
-        ext.launches.store(launches, Relaxed);
+        ext.busy_ns.store(stats.iter().map(|s| s.busy_ns).sum(), Relaxed);
+        ext.launches.store(stats.iter().map(|s| s.launches).sum(), Relaxed);
         if any_launch || launched.iter().any(|&l| l) {
             ps.region.set_last_kernel_time(vgpu_core::clock::unix_seconds());
             ext.last_launch_ns.store(now, Relaxed);
@@ -109,9 +115,20 @@ fn run(rt: &'static Runtime) {
     }
 }
 
+/// Hysteresis on the other-tenant signal: NVML's sampling window and ours differ, so one
+/// reading can be off; a state changes only after `TENANT_CONFIRM` consecutive readings agree.
+#[derive(Clone, Copy, Default)]
+struct TenantSignal {
+    contended_run: u8,
+    calm_run: u8,
+    idle_run: u8,
+    busy_run: u8,
+}
+const TENANT_CONFIRM: u8 = 3;
+
 /// Compare the device's utilization (every tenant, from NVML) with our container's own
 /// occupancy: the difference is other tenants' work. Without NVML nothing is flagged.
-fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>) {
+fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: &mut TenantSignal) {
     if handle.is_none() {
         let Some(info) = ps.devices.get(dev) else { return };
         *handle = crate::driver::nvml_handle_by_uuid(&info.uuid).map(|h| h as usize);
@@ -120,8 +137,21 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>) {
     let Some(gpu) = crate::driver::nvml_gpu_util(h as crate::ffi::nvmlDevice_t) else { return };
     let own = (ps.region.limiter(dev).util_centi_percent.load(Relaxed) / 100) as i64;
     let others = gpu as i64 - own;
-    CONTENDED[dev].store(others >= CONTENDED_OTHERS_PCT, Relaxed);
-    OTHERS_IDLE[dev].store(others < IDLE_OTHERS_PCT, Relaxed);
+    let bump = |run: &mut u8, hit: bool| *run = if hit { run.saturating_add(1) } else { 0 };
+    bump(&mut sig.contended_run, others >= CONTENDED_OTHERS_PCT);
+    bump(&mut sig.calm_run, others < CONTENDED_OTHERS_PCT);
+    bump(&mut sig.idle_run, others < IDLE_OTHERS_PCT);
+    bump(&mut sig.busy_run, others >= IDLE_OTHERS_PCT);
+    if sig.contended_run >= TENANT_CONFIRM {
+        CONTENDED[dev].store(true, Relaxed);
+    } else if sig.calm_run >= TENANT_CONFIRM {
+        CONTENDED[dev].store(false, Relaxed);
+    }
+    if sig.idle_run >= TENANT_CONFIRM {
+        OTHERS_IDLE[dev].store(true, Relaxed);
+    } else if sig.busy_run >= TENANT_CONFIRM {
+        OTHERS_IDLE[dev].store(false, Relaxed);
+    }
 }
 
 /// Utilization without a cap: NVML's per-process samples when our host PID is known (shared PID
@@ -137,15 +167,20 @@ fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
         .saturating_sub(2_000_000);
-    let util = if hostpid > 0 {
+    let proc_util = if hostpid > 0 {
         crate::driver::nvml_process_sm_util(h, hostpid as u32, since).unwrap_or(0)
     } else if launched {
         crate::driver::nvml_gpu_util(h).unwrap_or(0)
     } else {
         0
     };
-    ps.region.set_proc_sm_util(ps.slot, dev, util as u64);
-    ps.region.limiter(dev).util_centi_percent.store(util as u64 * 100, Relaxed);
+    ps.region.set_proc_sm_util(ps.slot, dev, proc_util as u64);
+    // The container-wide figure: only a process that launched writes it (an idle process of the
+    // container must not zero it), with the device's utilization.
+    if launched {
+        let dev_util = crate::driver::nvml_gpu_util(h).unwrap_or(proc_util);
+        ps.region.limiter(dev).util_centi_percent.store(dev_util as u64 * 100, Relaxed);
+    }
 }
 
 /// Gate launches when any device has a cap or the container is paused.
