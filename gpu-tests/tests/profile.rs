@@ -4,33 +4,24 @@
 
 use gpu_tests::{artifacts, mock_command, Scratch};
 
+mod hook_util;
+use hook_util::{run_ok, value};
+
 const MIB: u64 = 1 << 20;
 const CAP: u64 = 1 << 30;
 /// The most a context may cost (the real H200 primary context measured 518 MiB; the mock 300).
 const MAX_CONTEXT: u64 = 640 * MIB;
 
+/// The first device's `k=` value (test_meminfo prints a line per device).
 fn key(out: &str, k: &str) -> Option<u64> {
-    out.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
-        .and_then(|v| v.parse().ok())
+    out.lines().find_map(|l| value(l, k)).and_then(|v| v.parse().ok())
 }
 
 fn run(sample: &str, args: &[&str], env: &[(&str, &str)], hooked: bool) -> String {
     let s = Scratch::new("profile");
     let mut c = mock_command(&artifacts().sample(sample), &s, hooked);
-    c.args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let out = c.output().expect("spawn sample");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{sample} {args:?} {env:?} failed: {}\n{text}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+    c.args(args).envs(env.iter().copied());
+    run_ok(&mut c)
 }
 
 #[test]

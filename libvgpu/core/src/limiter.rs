@@ -689,22 +689,13 @@ mod sim {
         }
     }
 
-    #[test]
-    fn share_10us_sync_each() { check(10_000, 1) }
-    #[test]
-    fn share_10us_async() { check(10_000, 100) }
-    #[test]
-    fn share_100us_sync_each() { check(100_000, 1) }
-    #[test]
-    fn share_100us_async() { check(100_000, 100) }
-    #[test]
-    fn share_1ms_sync_each() { check(1_000_000, 1) }
-    #[test]
-    fn share_1ms_async() { check(1_000_000, 100) }
-    #[test]
-    fn share_10ms_sync_each() { check(10_000_000, 1) }
-    #[test]
-    fn share_10ms_async() { check(10_000_000, 100) }
+    #[rstest::rstest]
+    fn delivers_the_cap(
+        #[values(10_000, 100_000, 1_000_000, 10_000_000)] kernel_ns: u64,
+        #[values(1, 100)] sync_every: u64,
+    ) {
+        check(kernel_ns, sync_every)
+    }
 
     #[test]
     fn two_processes_share_one_cap() {
