@@ -95,10 +95,8 @@ fn oversubscription_keeps_cap_above_physical() {
 }
 
 /// Oversubscription: allocations past physical memory are served from managed memory and still
-/// counted, up to the cap. Needs a mock whose cuMemAllocManaged can exceed physical memory, as
-/// unified memory does on a real GPU (the current mock charges managed memory as device memory).
+/// counted, up to the cap (the mock's managed memory exceeds the device like unified memory).
 #[test]
-#[ignore = "mock cuMemAllocManaged cannot exceed physical memory yet"]
 fn oversubscription_serves_past_physical_from_managed() {
     let s = Scratch::new("hk-oversub2");
     let mut c = hooked("test_vram_limit", &s, Some("12g"));

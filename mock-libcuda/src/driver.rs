@@ -53,7 +53,10 @@ pub enum Kind {
 pub struct Alloc {
     pub dev: usize,
     pub size: u64,
+    /// Address space taken (the size rounded to the driver's granularity).
     pub charged: u64,
+    /// Device memory charged: `charged`, except managed memory past what the device had free.
+    pub resident: u64,
     pub ctx: u64,
     pub kind: Kind,
 }
@@ -289,17 +292,21 @@ impl Proc {
         }
         let charged = charge_size(size);
         let pool_kind = matches!(kind, Kind::Pool(_));
-        if !pool_kind && !st.try_charge(d, charged) {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
+        let resident = match kind {
+            // Unified memory may exceed the device: what does not fit stays on the host.
+            Kind::Managed => st.charge_up_to(d, charged),
+            Kind::Pool(_) => 0,
+            _ if st.try_charge(d, charged) => charged,
+            _ => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+        };
         let align = if charged >= MIB2 { MIB2 } else { 512 };
         let Some(ptr) = st.alloc_va(d, charged, align) else {
             if !pool_kind {
-                st.uncharge(d, charged);
+                st.uncharge(d, resident);
             }
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
-        self.allocs.insert(ptr, Alloc { dev: d, size, charged, ctx, kind });
+        self.allocs.insert(ptr, Alloc { dev: d, size, charged, resident, ctx, kind });
         Ok(ptr)
     }
 
@@ -312,7 +319,7 @@ impl Proc {
                     p.used = p.used.saturating_sub(a.charged);
                 }
             }
-            _ => st.uncharge(a.dev, a.charged),
+            _ => st.uncharge(a.dev, a.resident),
         }
         Ok(())
     }
@@ -333,7 +340,7 @@ impl Proc {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let a = self.handle(0xA7);
-        self.arrays.insert(a, Alloc { dev: d, size: bytes, charged, ctx: c, kind: Kind::Device });
+        self.arrays.insert(a, Alloc { dev: d, size: bytes, charged, resident: charged, ctx: c, kind: Kind::Device });
         Ok(a)
     }
 

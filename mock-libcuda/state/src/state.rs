@@ -517,6 +517,18 @@ impl GpuState {
         true
     }
 
+    /// Charge as much of `bytes` as device `d` has free (at least 0): managed memory is resident
+    /// on the device only as far as it fits, the rest stays in host memory as with unified
+    /// memory on a real GPU. Returns the bytes charged.
+    pub fn charge_up_to(&self, d: usize, bytes: u64) -> u64 {
+        let Some(s) = self.my_slot() else { return 0 };
+        let _h = self.lock(&[lock_dev(d)]);
+        let free = self.device(d).total_mem.saturating_sub(self.device_used(d));
+        let take = bytes.min(free);
+        self.slot_dev(s, d).used.fetch_add(take, AcqRel);
+        take
+    }
+
     pub fn uncharge(&self, d: usize, bytes: u64) {
         if let Some(s) = self.my_slot() {
             let u = &self.slot_dev(s, d).used;
