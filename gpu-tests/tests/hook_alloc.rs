@@ -114,3 +114,20 @@ fn alloc_paths_test_alloc_sizes() {
     let out = run_ok(hooked("test_alloc", &s, Some("4g")).args(["--max-k", "28", "--no-big"]));
     assert_eq!(value(&out, "result"), Some("PASS"), "{out}");
 }
+
+/// A process whose first context does not fit under a cap the container already filled gets
+/// CUDA_ERROR_OUT_OF_MEMORY (as from a full GPU), and the container never goes over the cap.
+#[test]
+fn a_context_that_does_not_fit_under_the_cap_is_refused() {
+    let s = Scratch::new("hk-ctx-full");
+    let mut holder = hooked("test_alloc_paths", &s, Some("1g"));
+    holder.args(["--size", "640m", "--path", "mem_alloc", "--hold"]);
+    while_holding(&mut holder, || {
+        let before = region_used(&s.region(), 0);
+        assert!(before <= GIB && before + CTX > GIB, "holder uses {before}");
+        let late = output(&mut hooked("test_meminfo", &s, Some("1g")));
+        let text = format!("{}{}", String::from_utf8_lossy(&late.stdout), String::from_utf8_lossy(&late.stderr));
+        assert!(!late.status.success() && text.contains("CUDA_ERROR_OUT_OF_MEMORY"), "late process:\n{text}");
+        assert_eq!(region_used(&s.region(), 0), before, "the refused context left a charge");
+    });
+}

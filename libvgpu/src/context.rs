@@ -45,8 +45,11 @@ pub fn context_charge(before: Option<u64>, after: Option<u64>, default: u64) -> 
 
 /// Create a context through `create` (returns the driver result), charging context memory if it
 /// is the first context of this process on `dev`. `on_success` records the new reference.
+/// A context that does not fit under the cap is given back with `undo` and refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers when a full GPU has no room for one: so
+/// processes starting after others filled the cap cannot push the container over it.
 fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl FnOnce() -> CUresult,
-    on_success: impl FnOnce(&mut crate::runtime::Contexts)) -> CUresult {
+    undo: impl FnOnce(), on_success: impl FnOnce(&mut crate::runtime::Contexts)) -> CUresult {
     if ps.contexts().active[dev] {
         let r = create();
         if r == CUDA_SUCCESS {
@@ -93,7 +96,14 @@ fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: i
         None => context_charge(before, after, default),
     };
     match &guard {
-        Some(g) => g.charge(ps.slot, MemKind::Context, bytes),
+        Some(g) => {
+            if let Err(e) = g.try_reserve(ps.slot, MemKind::Context, bytes) {
+                drop(guard);
+                undo();
+                vgpu_core::info!("device {dev}: a new context ({bytes} bytes) does not fit under the cap ({e}): CUDA_ERROR_OUT_OF_MEMORY");
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
         None => charge_unlocked(ps, dev, bytes),
     }
     drop(guard);
@@ -142,7 +152,17 @@ fn maybe_release_device(ps: &ProcState, dev: usize) {
 pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     let Some(ps) = rt.proc() else { return real(pctx, dev) };
     let Some(d) = dev_index(ps, dev) else { return real(pctx, dev) };
-    with_first_context_charge(rt, ps, d, || real(pctx, dev), |c| c.primary_refs[d] = c.primary_refs[d].saturating_add(1))
+    let undo = || {
+        if let Some(f) = crate::hooks::table::real::cuDevicePrimaryCtxRelease_v2.get() {
+            // SAFETY: the driver's own release for the reference `real` just took.
+            let f: sig::cuDevicePrimaryCtxRelease_v2 = unsafe { std::mem::transmute(f) };
+            unsafe { f(dev) };
+        }
+        if !pctx.is_null() {
+            unsafe { *pctx = std::ptr::null_mut() };
+        }
+    };
+    with_first_context_charge(rt, ps, d, || real(pctx, dev), undo, |c| c.primary_refs[d] = c.primary_refs[d].saturating_add(1))
 }
 
 pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> CUresult {
@@ -181,7 +201,15 @@ unsafe fn created(rt: &'static Runtime, pctx: *mut CUcontext, dev: CUdevice, cre
     if pctx.is_null() {
         return create();
     }
-    with_first_context_charge(rt, ps, d, create, |c| {
+    let undo = || {
+        if let Some(f) = crate::hooks::table::real::cuCtxDestroy_v2.get() {
+            // SAFETY: destroys the context the driver just created and wrote to `pctx`.
+            let f: sig::cuCtxDestroy_v2 = unsafe { std::mem::transmute(f) };
+            unsafe { f(*pctx) };
+        }
+        unsafe { *pctx = std::ptr::null_mut() };
+    };
+    with_first_context_charge(rt, ps, d, create, undo, |c| {
         // SAFETY: the driver wrote the new context on success.
         let ctx = unsafe { *pctx } as usize;
         c.created.insert(ctx, d);
