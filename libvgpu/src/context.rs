@@ -20,7 +20,7 @@ use crate::memory::{dev_index, drain_device};
 use crate::runtime::{ProcState, Runtime};
 use std::ffi::{c_int, c_uint};
 use vgpu_core::ledger::accounted_size;
-use vgpu_core::region::MemKind;
+use vgpu_core::region::{MemKind, ReserveError};
 
 /// Largest context charge we believe a measurement for.
 const MAX_CONTEXT_BYTES: u64 = 4 << 30;
@@ -45,9 +45,9 @@ pub fn context_charge(before: Option<u64>, after: Option<u64>, default: u64) -> 
 
 /// Create a context through `create` (returns the driver result), charging context memory if it
 /// is the first context of this process on `dev`. `on_success` records the new reference.
-/// A context that does not fit under the cap is given back with `undo` and refused with
-/// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers when a full GPU has no room for one: so
-/// processes starting after others filled the cap cannot push the container over it.
+/// A context that does not fit under a cap that could hold it (others filled it) is given back
+/// with `undo` and refused with `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers when a full
+/// GPU has no room for one: processes starting late cannot push the container over its cap.
 fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl FnOnce() -> CUresult,
     undo: impl FnOnce(), on_success: impl FnOnce(&mut crate::runtime::Contexts)) -> CUresult {
     if ps.contexts().active[dev] {
@@ -96,14 +96,19 @@ fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: i
         None => context_charge(before, after, default),
     };
     match &guard {
-        Some(g) => {
-            if let Err(e) = g.try_reserve(ps.slot, MemKind::Context, bytes) {
+        Some(g) => match g.try_reserve(ps.slot, MemKind::Context, bytes) {
+            Ok(()) => {}
+            // A cap smaller than one context (a fail-closed 0 included) can never hold it:
+            // charge it anyway and let every allocation be refused, rather than fail the
+            // program before it can even ask the device anything.
+            Err(ReserveError::OverLimit { limit, .. }) if bytes > limit => g.charge(ps.slot, MemKind::Context, bytes),
+            Err(e) => {
                 drop(guard);
                 undo();
                 vgpu_core::info!("device {dev}: a new context ({bytes} bytes) does not fit under the cap ({e}): CUDA_ERROR_OUT_OF_MEMORY");
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
-        }
+        },
         None => charge_unlocked(ps, dev, bytes),
     }
     drop(guard);
