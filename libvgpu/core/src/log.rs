@@ -28,7 +28,7 @@ pub fn emit(level: u8, args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let tag = match level {
         ERROR => "ERROR",
-        0..=WARN => "WARN",
+        1..=WARN => "WARN",
         INFO => "INFO",
         _ => "DEBUG",
     };
