@@ -15,9 +15,8 @@ use vgpu_core::MAX_DEVICES;
 use crate::real::{Lib, RealFn};
 use crate::runtime::{ProcState, Runtime};
 
-/// Opaque CUDA stream handle as the driver sees it.
-pub type CUstream = *mut c_void;
-type CUevent = *mut c_void;
+pub use crate::ffi::CUstream;
+use crate::ffi::CUevent;
 
 /// Some device has a cap, or the container is suspended/paused: launches take the slow path.
 pub(crate) static GATE: AtomicBool = AtomicBool::new(false);

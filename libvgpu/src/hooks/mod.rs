@@ -30,13 +30,20 @@ pub struct Hook {
 // SAFETY: `hook` is the address of a function (immutable code); the rest is Sync.
 unsafe impl Sync for Hook {}
 
+/// The real function of a table entry as its typed pointer, or return the library's "not found".
+macro_rules! real_fn {
+    ($lib:ident $name:ident) => {{
+        let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
+        ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p)
+    }};
+}
+
 macro_rules! shim {
     ($lib:ident policy () $name:ident [$($arg:ident),*] $policy:path) => {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
             #[allow(unused_unsafe)]
             unsafe {
-                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
-                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let f = real_fn!($lib $name);
                 match $crate::runtime::ensure() {
                     Some(rt) => $policy(rt, f, $($arg),*),
                     None => f($($arg),*),
@@ -48,8 +55,7 @@ macro_rules! shim {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
             #[allow(unused_unsafe)]
             unsafe {
-                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
-                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let f = real_fn!($lib $name);
                 let _ = $crate::runtime::ensure();
                 f($($arg),*)
             }
@@ -59,8 +65,7 @@ macro_rules! shim {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
             #[allow(unused_unsafe)]
             unsafe {
-                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
-                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let f = real_fn!($lib $name);
                 let stream: $crate::ffi::CUstream = $stream;
                 let ticket = $crate::launch::before_launch(stream);
                 let r = f($($arg),*);
@@ -73,8 +78,7 @@ macro_rules! shim {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
             #[allow(unused_unsafe)]
             unsafe {
-                let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
-                let f: sig::$name = ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p);
+                let f = real_fn!($lib $name);
                 let r = f($($arg),*);
                 $crate::launch::after_sync();
                 r
