@@ -52,7 +52,7 @@ if [ $with_lib = 1 ]; then
 fi
 cp -r "$root/bench" "$dist/bench"
 rm -rf "$dist/bench/gpu/bin" "$dist"/bench/py/__pycache__
-cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" \
+cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-share.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" \
     "$root/ci/gpu-tests.sh" "$root/ci/gpu-bench.sh" "$dist/ci/"
 # The integration tests that run on a real GPU too (VGPU_TEST_PROFILE=real; see gpu-tests/src/lib.rs).
 if [ $with_lib = 1 ]; then

@@ -31,6 +31,7 @@ const SAMPLES: &[(&str, Link)] = &[
     ("bench_malloc", Link::Driver),
     ("test_meminfo", Link::Driver),
     ("test_fork", Link::Driver),
+    ("test_streams", Link::Driver),
 ];
 
 const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"];
@@ -102,7 +103,7 @@ fn link_exe(objs: &[PathBuf], exe: &Path, link: Link, stub: &Path) {
         // calls it, with the loader's message naming the symbol.
         cmd.arg(format!("-L{}", stub.display())).arg("-l:libcuda.so.1").arg("-Wl,-z,lazy");
     }
-    cmd.args(["-ldl", "-lm"]);
+    cmd.args(["-ldl", "-lm", "-pthread"]);
     run(cmd, &format!("linking {}", exe.display()));
 }
 

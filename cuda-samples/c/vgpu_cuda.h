@@ -232,6 +232,12 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuStreamCreate, (CUstream *phStream, unsigned int Flags)) \
     X(CUresult, cuStreamDestroy_v2, (CUstream hStream)) \
     X(CUresult, cuStreamSynchronize, (CUstream hStream)) \
+    X(CUresult, cuStreamCreateWithPriority, (CUstream *phStream, unsigned int flags, int priority)) \
+    X(CUresult, cuStreamQuery, (CUstream hStream)) \
+    X(CUresult, cuEventCreate, (CUevent *phEvent, unsigned int Flags)) \
+    X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream)) \
+    X(CUresult, cuEventSynchronize, (CUevent hEvent)) \
+    X(CUresult, cuEventDestroy_v2, (CUevent hEvent)) \
     X(CUresult, cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)) \
     X(CUresult, cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
     X(CUresult, cuModuleUnload, (CUmodule hmod)) \

@@ -18,6 +18,15 @@ static cuCtxGetDevice: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetDevice");
 static cuStreamGetDevice: RealFn = RealFn::new(Lib::Cuda, c"cuStreamGetDevice");
 static cuMemAdvise_v2: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise_v2");
 static cuMemAdvise: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise");
+static cuCtxGetCurrent: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetCurrent");
+static cuStreamGetCtx: RealFn = RealFn::new(Lib::Cuda, c"cuStreamGetCtx");
+static cuStreamCreate: RealFn = RealFn::new(Lib::Cuda, c"cuStreamCreate");
+static cuStreamIsCapturing: RealFn = RealFn::new(Lib::Cuda, c"cuStreamIsCapturing");
+static cuThreadExchangeStreamCaptureMode: RealFn = RealFn::new(Lib::Cuda, c"cuThreadExchangeStreamCaptureMode");
+static cuEventCreate: RealFn = RealFn::new(Lib::Cuda, c"cuEventCreate");
+static cuEventRecord: RealFn = RealFn::new(Lib::Cuda, c"cuEventRecord");
+static cuEventQuery: RealFn = RealFn::new(Lib::Cuda, c"cuEventQuery");
+static cuEventElapsedTime: RealFn = RealFn::new(Lib::Cuda, c"cuEventElapsedTime");
 
 static nvmlInit_v2: RealFn = RealFn::new(Lib::Nvml, c"nvmlInit_v2");
 static nvmlDeviceGetHandleByUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
@@ -77,6 +86,69 @@ pub fn current_device() -> Option<CUdevice> {
     let mut d: CUdevice = 0;
     let r = call!(cuCtxGetDevice, fn(*mut CUdevice) -> CUresult, &mut d)?;
     (r == CUDA_SUCCESS).then_some(d)
+}
+
+/// The calling thread's current context.
+pub fn current_context() -> Option<CUcontext> {
+    let mut c: CUcontext = std::ptr::null_mut();
+    let r = call!(cuCtxGetCurrent, fn(*mut CUcontext) -> CUresult, &mut c)?;
+    (r == CUDA_SUCCESS && !c.is_null()).then_some(c)
+}
+
+/// Context of an explicitly created stream.
+pub fn stream_context(stream: CUstream) -> Option<CUcontext> {
+    let mut c: CUcontext = std::ptr::null_mut();
+    let r = call!(cuStreamGetCtx, fn(CUstream, *mut CUcontext) -> CUresult, stream, &mut c)?;
+    (r == CUDA_SUCCESS && !c.is_null()).then_some(c)
+}
+
+/// A new non-blocking stream in the current context.
+pub fn stream_create_nonblocking() -> Option<CUstream> {
+    const CU_STREAM_NON_BLOCKING: c_uint = 1;
+    let mut s: CUstream = std::ptr::null_mut();
+    let r = call!(cuStreamCreate, fn(*mut CUstream, c_uint) -> CUresult, &mut s, CU_STREAM_NON_BLOCKING)?;
+    (r == CUDA_SUCCESS).then_some(s)
+}
+
+/// Is `stream` being captured into a graph? (`false` when the driver cannot say.)
+pub fn stream_is_capturing(stream: CUstream) -> bool {
+    let mut status: c_int = 0;
+    call!(cuStreamIsCapturing, fn(CUstream, *mut c_int) -> CUresult, stream, &mut status) == Some(CUDA_SUCCESS) && status != 0
+}
+
+/// Run `f` with this thread's stream-capture mode set to relaxed, restoring it afterwards: our
+/// own event calls must never invalidate a capture another thread runs in global mode.
+pub fn with_relaxed_capture<T>(f: impl FnOnce() -> T) -> T {
+    const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+    let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    let swapped = call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode) == Some(CUDA_SUCCESS);
+    let r = f();
+    if swapped {
+        call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode);
+    }
+    r
+}
+
+/// A timing event in the current context.
+pub fn event_create_timed() -> Option<CUevent> {
+    let mut e: CUevent = std::ptr::null_mut();
+    let r = call!(cuEventCreate, fn(*mut CUevent, c_uint) -> CUresult, &mut e, 0)?;
+    (r == CUDA_SUCCESS).then_some(e)
+}
+
+pub fn event_record(ev: CUevent, stream: CUstream) -> CUresult {
+    call!(cuEventRecord, fn(CUevent, CUstream) -> CUresult, ev, stream).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
+pub fn event_query(ev: CUevent) -> CUresult {
+    call!(cuEventQuery, fn(CUevent) -> CUresult, ev).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// Milliseconds from `start` to `end` (both completed timing events of one context).
+pub fn event_elapsed_ms(start: CUevent, end: CUevent) -> Option<f32> {
+    let mut ms: f32 = 0.0;
+    let r = call!(cuEventElapsedTime, fn(*mut f32, CUevent, CUevent) -> CUresult, &mut ms, start, end)?;
+    (r == CUDA_SUCCESS).then_some(ms)
 }
 
 /// Device a stream belongs to (`cuStreamGetDevice`, CUDA >= 12.8), else the current device.

@@ -4,48 +4,65 @@
 //! shim calls `after_sync`. With no cap and no suspend anywhere, `before_launch` is one relaxed
 //! load plus one relaxed store (no lock, no clock, no syscall): `GATE` is refreshed by the monitor
 //! thread from the shared region, so a cap set at run time takes effect within its period.
+//!
+//! Gated, a launch waits while the policy says so (nothing locked meanwhile), and a timing event
+//! is recorded after it (and before it, when its stream was idle) so the policy learns when the
+//! launch really ran on the GPU.
 
-use std::ffi::c_void;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 use std::sync::Mutex;
 
-use vgpu_core::limiter::{Bucket, Clock, Markers, Tracker, MAX_HOLD_NS};
+use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, StreamKey};
 use vgpu_core::MAX_DEVICES;
 
-use crate::real::{Lib, RealFn};
+use crate::driver;
+use crate::ffi::{CUcontext, CUevent, CUDA_SUCCESS};
 use crate::runtime::{ProcState, Runtime};
 
 pub use crate::ffi::CUstream;
-use crate::ffi::CUevent;
 
 /// Some device has a cap, or the container is suspended/paused: launches take the slow path.
 pub(crate) static GATE: AtomicBool = AtomicBool::new(false);
 /// A launch happened since the monitor last looked (last-kernel-time without a clock read).
 pub(crate) static LAUNCHED: AtomicBool = AtomicBool::new(false);
+/// Another tenant is using device d (set by the monitor from NVML).
+pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// What `before_launch` decided, handed back to `after_launch`.
 #[derive(Clone, Copy, Default)]
 pub struct LaunchTicket {
-    /// Device index the launch was gated on (`None` = fast path, nothing to do afterwards).
-    dev: Option<usize>,
+    /// The gated launch (`None` = fast path or untracked, nothing to do afterwards).
+    gated: Option<Gated>,
+}
+
+#[derive(Clone, Copy)]
+struct Gated {
+    dev: usize,
+    key: StreamKey,
+    /// The stream as the driver's event calls must name it.
+    record_on: CUstream,
+    ctx: usize,
+    start_ev: Option<Ev>,
+    submit_ns: u64,
 }
 
 /// Called by every launch shim before the real launch. May block (bounded) when over budget.
+/// `ptsz`: the shim is a `_ptsz` entry point (stream 0 = the per-thread default stream).
 #[inline]
-pub fn before_launch(stream: CUstream) -> LaunchTicket {
+pub fn before_launch(stream: CUstream, ptsz: bool) -> LaunchTicket {
     if !GATE.load(Relaxed) {
         LAUNCHED.store(true, Relaxed);
         return LaunchTicket::default();
     }
-    gated_before(stream)
+    gated_before(stream, ptsz)
 }
 
-/// Called by every launch shim after the real launch with its result. The gate already counted
-/// the launch; only a refused one needs work here.
+/// Called by every launch shim after the real launch with its result.
 #[inline]
-pub fn after_launch(ticket: LaunchTicket, _stream: CUstream, result: i32) {
-    if let (Some(dev), true) = (ticket.dev, result != 0) {
-        gated_failed(dev);
+pub fn after_launch(ticket: LaunchTicket, result: i32) {
+    if let Some(g) = ticket.gated {
+        gated_after(g, result);
     }
 }
 
@@ -57,132 +74,156 @@ pub fn after_sync() {
     }
 }
 
-// ---- real driver entry points the gate needs (not hooked, resolved on our own handle) ----
+// ---- streams -------------------------------------------------------------------------------
 
-static CU_EVENT_CREATE: RealFn = RealFn::new(Lib::Cuda, c"cuEventCreate");
-static CU_EVENT_RECORD: RealFn = RealFn::new(Lib::Cuda, c"cuEventRecord");
-static CU_EVENT_QUERY: RealFn = RealFn::new(Lib::Cuda, c"cuEventQuery");
-static CU_STREAM_IS_CAPTURING: RealFn = RealFn::new(Lib::Cuda, c"cuStreamIsCapturing");
-static CU_THREAD_EXCHANGE_CAPTURE_MODE: RealFn = RealFn::new(Lib::Cuda, c"cuThreadExchangeStreamCaptureMode");
-
-/// `CU_STREAM_CAPTURE_MODE_RELAXED`: our marker calls must never invalidate a capture that
-/// another thread of the program runs in global mode.
-const CU_STREAM_CAPTURE_MODE_RELAXED: i32 = 2;
-
-/// Run `f` with this thread's stream-capture mode set to relaxed, restoring it afterwards.
-fn relaxed_capture<T>(f: impl FnOnce() -> T) -> T {
-    let Some(x) = CU_THREAD_EXCHANGE_CAPTURE_MODE.get() else { return f() };
-    // SAFETY: cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*) with a valid pointer.
-    let xchg = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> i32>(x) };
-    let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    let ok = unsafe { xchg(&mut mode) } == 0;
-    let r = f();
-    if ok {
-        unsafe { xchg(&mut mode) };
-    }
-    r
-}
-
-/// Is `stream` being captured into a graph? Captured launches do not run now (the graph's
-/// launch is gated instead), so they are not tracked.
-fn capturing(stream: CUstream) -> bool {
-    let Some(f) = CU_STREAM_IS_CAPTURING.get() else { return false };
-    let mut status: i32 = 0;
-    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*) with a valid pointer.
-    let r = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(CUstream, *mut i32) -> i32>(f)(stream, &mut status) };
-    r == 0 && status != 0
-}
-
-/// `CU_EVENT_DISABLE_TIMING`: markers only need completion, and untimed events are cheaper.
-const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+const CU_STREAM_LEGACY: usize = 0x1;
+const CU_STREAM_PER_THREAD: usize = 0x2;
 const CUDA_ERROR_NOT_READY: i32 = 600;
 
-/// The container's device index of this launch: with one visible device no driver call is
-/// needed; otherwise the device of the calling thread's current context.
-fn launch_device(ps: &ProcState) -> Option<usize> {
-    if ps.devices.len() == 1 {
-        return Some(0);
-    }
-    let dev = crate::driver::current_device()?;
-    (dev >= 0 && (dev as usize) < MAX_DEVICES).then_some(dev as usize)
+thread_local! {
+    static TID: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Another tenant is using device d (set by the monitor from NVML).
-pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+fn thread_id() -> u64 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            // SAFETY: gettid has no preconditions.
+            t.set(unsafe { libc::gettid() } as u64);
+        }
+        t.get()
+    })
+}
 
-/// Marker events for one device of this process, recycled through a free list.
-struct EventMarkers {
+/// The stream a launch went to: its identity for the meter, the handle to record events on,
+/// and its context. `None`: not trackable (no context, or a stream of another context).
+fn resolve_stream(stream: CUstream, ptsz: bool) -> Option<(StreamKey, CUstream, CUcontext)> {
+    let h = stream as usize;
+    let current = driver::current_context()?;
+    if h == CU_STREAM_PER_THREAD || (h == 0 && ptsz) {
+        let key = (current as u64) ^ (thread_id() << 40) ^ CU_STREAM_PER_THREAD as u64;
+        return Some((key, CU_STREAM_PER_THREAD as CUstream, current));
+    }
+    if h == 0 || h == CU_STREAM_LEGACY {
+        return Some(((current as u64) ^ CU_STREAM_LEGACY as u64, std::ptr::null_mut(), current));
+    }
+    let ctx = driver::stream_context(stream)?;
+    // Events must be recorded in the stream's context, which launches use as the current one.
+    (ctx == current).then_some((h as u64, stream, ctx))
+}
+
+// ---- timing events ---------------------------------------------------------------------------
+
+/// One of our timing events, with the index of its context's clock.
+#[derive(Clone, Copy, PartialEq)]
+struct Ev {
+    ev: CUevent,
+    ctx: usize,
+}
+
+/// Per-context mapping of event times to host time: an anchor event whose host time is known;
+/// an event's time is the anchor's plus `cuEventElapsedTime(anchor, event)`.
+struct CtxClock {
+    ctx: CUcontext,
+    anchor: CUevent,
+    anchor_ns: u64,
+    /// Recycled timing events of this context.
     free: Vec<CUevent>,
 }
 
-impl Markers for EventMarkers {
-    type M = CUevent;
+/// Re-anchor on a completed event this often (float milliseconds lose precision with distance).
+const REANCHOR_NS: u64 = 1_000_000_000;
+/// How long the first anchor may take to complete on our own idle stream.
+const ANCHOR_WAIT_NS: u64 = 20_000_000;
 
-    fn record(&mut self, stream: usize) -> Option<CUevent> {
-        relaxed_capture(|| self.record_now(stream))
-    }
-
-    fn done(&mut self, ev: CUevent) -> bool {
-        relaxed_capture(|| self.query_now(ev))
-    }
-
-    fn forget(&mut self, ev: CUevent) {
-        self.free.push(ev);
-    }
-}
-
-impl EventMarkers {
-    fn record_now(&mut self, stream: usize) -> Option<CUevent> {
-        if capturing(stream as CUstream) {
-            return None; // an event recorded into a capture would be a graph node, not a marker
-        }
-        let ev = match self.free.pop() {
-            Some(ev) => ev,
-            None => {
-                let create = CU_EVENT_CREATE.get()?;
-                let mut ev: CUevent = std::ptr::null_mut();
-                // SAFETY: cuEventCreate(CUevent*, unsigned) with a valid out pointer.
-                let r = unsafe {
-                    std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut CUevent, u32) -> i32>(create)(
-                        &mut ev,
-                        CU_EVENT_DISABLE_TIMING,
-                    )
-                };
-                if r != 0 {
-                    return None;
-                }
-                ev
-            }
-        };
-        let record = CU_EVENT_RECORD.get()?;
-        // SAFETY: cuEventRecord(CUevent, CUstream) with an event we created.
-        let r = unsafe {
-            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(CUevent, CUstream) -> i32>(record)(
-                ev,
-                stream as CUstream,
-            )
-        };
-        if r != 0 {
-            // Wrong context for this stream, or a capture in progress: proceed without a marker.
-            self.free.push(ev);
+impl CtxClock {
+    /// Anchor a context: record an event on a private idle stream and see it complete.
+    fn new(ctx: CUcontext) -> Option<CtxClock> {
+        let stream = driver::stream_create_nonblocking()?;
+        let anchor = driver::event_create_timed()?;
+        if driver::event_record(anchor, stream) != CUDA_SUCCESS {
             return None;
         }
-        Some(ev)
+        let t0 = vgpu_core::clock::now_ns();
+        loop {
+            let now = vgpu_core::clock::now_ns();
+            match driver::event_query(anchor) {
+                CUDA_SUCCESS => return Some(CtxClock { ctx, anchor, anchor_ns: now, free: Vec::new() }),
+                CUDA_ERROR_NOT_READY if now - t0 < ANCHOR_WAIT_NS => std::thread::yield_now(),
+                _ => return None,
+            }
+        }
     }
 
-    fn query_now(&mut self, ev: CUevent) -> bool {
-        let Some(query) = CU_EVENT_QUERY.get() else { return true };
-        // SAFETY: cuEventQuery(CUevent) on an event we created.
-        let r = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(CUevent) -> i32>(query)(ev) };
-        // Any answer but "not ready" (success, or an error such as a destroyed context) means
-        // there is nothing left to wait for: never hang on a broken marker.
-        let done = r != CUDA_ERROR_NOT_READY;
-        if done {
-            self.free.push(ev);
-        }
-        done
+    fn event(&mut self) -> Option<CUevent> {
+        self.free.pop().or_else(driver::event_create_timed)
     }
 }
+
+/// The events of one device of this process.
+#[derive(Default)]
+struct EventClocks {
+    ctxs: Vec<CtxClock>,
+    /// Records that failed (logged once).
+    failures: u64,
+}
+
+impl EventClocks {
+    fn ctx_index(&mut self, ctx: CUcontext) -> Option<usize> {
+        if let Some(i) = self.ctxs.iter().position(|c| c.ctx == ctx) {
+            return Some(i);
+        }
+        let c = CtxClock::new(ctx)?;
+        self.ctxs.push(c);
+        Some(self.ctxs.len() - 1)
+    }
+
+    /// Record a timing event on `stream` (of context `ctx`).
+    fn record(&mut self, ctx: usize, stream: CUstream) -> Option<Ev> {
+        let c = self.ctxs.get_mut(ctx)?;
+        let ev = c.event()?;
+        if driver::event_record(ev, stream) == CUDA_SUCCESS {
+            return Some(Ev { ev, ctx });
+        }
+        c.free.push(ev);
+        self.failures += 1;
+        if self.failures == 1 {
+            vgpu_core::warn!("cannot record a timing event; launches are charged up to the next synchronize");
+        }
+        None
+    }
+}
+
+impl Events for EventClocks {
+    type Ev = Ev;
+
+    fn poll(&mut self, e: Ev) -> EventState {
+        let Some(c) = self.ctxs.get_mut(e.ctx) else { return EventState::Lost };
+        match driver::event_query(e.ev) {
+            CUDA_SUCCESS => {}
+            CUDA_ERROR_NOT_READY => return EventState::Pending,
+            _ => return EventState::Lost, // e.g. the context was destroyed: never wait on it
+        }
+        let Some(ms) = driver::event_elapsed_ms(c.anchor, e.ev) else { return EventState::Lost };
+        let t = (c.anchor_ns as i128 + (ms as f64 * 1e6) as i128).max(0) as u64;
+        if t.saturating_sub(c.anchor_ns) >= REANCHOR_NS {
+            // Chain the anchor forward: this event's host time is as good as the anchor's.
+            let old = std::mem::replace(&mut c.anchor, e.ev);
+            c.anchor_ns = t;
+            c.free.push(old);
+        }
+        EventState::Done(t)
+    }
+
+    fn release(&mut self, e: Ev) {
+        if let Some(c) = self.ctxs.get_mut(e.ctx) {
+            if c.anchor != e.ev {
+                c.free.push(e.ev);
+            }
+        }
+    }
+}
+
+// ---- per-device gates ------------------------------------------------------------------------
 
 struct SysClock;
 
@@ -199,12 +240,13 @@ impl Clock for SysClock {
 }
 
 /// This process's limiter state for one device.
+#[derive(Default)]
 struct DeviceGate {
-    tracker: Tracker<CUevent>,
-    markers: EventMarkers,
+    meter: Meter<Ev>,
+    events: EventClocks,
 }
 
-// SAFETY: the raw event handles are plain driver handles usable from any thread of the process.
+// SAFETY: the raw handles are plain driver handles usable from any thread of the process.
 unsafe impl Send for DeviceGate {}
 
 /// Per-device gates, allocated on first gated launch. Atomic pointers (not a static Mutex) so
@@ -217,10 +259,7 @@ fn gate(dev: usize) -> &'static Mutex<DeviceGate> {
         // SAFETY: pointers in GATES come from Box::leak and are never freed.
         return unsafe { &*p };
     }
-    let fresh = Box::into_raw(Box::new(Mutex::new(DeviceGate {
-        tracker: Tracker::default(),
-        markers: EventMarkers { free: Vec::new() },
-    })));
+    let fresh = Box::into_raw(Box::new(Mutex::new(DeviceGate::default())));
     match GATES[dev].compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
         // SAFETY: we just published it; never freed.
         Ok(_) => unsafe { &*fresh },
@@ -232,6 +271,10 @@ fn gate(dev: usize) -> &'static Mutex<DeviceGate> {
     }
 }
 
+fn lock(dev: usize) -> std::sync::MutexGuard<'static, DeviceGate> {
+    gate(dev).lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// In a forked child: forget the parent's gates (their events belong to the parent's contexts,
 /// and a parent thread may have held their locks at fork time). Leaks them on purpose.
 pub(crate) fn after_fork_child() {
@@ -240,46 +283,79 @@ pub(crate) fn after_fork_child() {
     }
 }
 
+/// The container's device index of this launch: with one visible device no driver call is
+/// needed; otherwise the device of the calling thread's current context.
+fn launch_device(ps: &ProcState) -> Option<usize> {
+    if ps.devices.len() == 1 {
+        return Some(0);
+    }
+    let dev = driver::current_device()?;
+    (dev >= 0 && (dev as usize) < MAX_DEVICES).then_some(dev as usize)
+}
+
 #[inline(never)]
-fn gated_before(stream: CUstream) -> LaunchTicket {
+fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
+    LAUNCHED.store(true, Relaxed);
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
-    crate::monitor::wait_while_paused(rt, ps, MAX_HOLD_NS);
-    let cap = crate::monitor::effective_cap(rt, ps, dev);
-    let bucket = bucket(ps, dev);
-    let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
-    let g = &mut *g;
-    g.tracker.contended = CONTENDED[dev].load(Relaxed);
-    let (_, now) = g.tracker.before_launch(&mut SysClock, &mut g.markers, &bucket, cap, stream as usize);
-    // Shared line: written at most once a millisecond, not on every launch.
-    if now.saturating_sub(bucket.s.last_launch_ns.load(Relaxed)) > 1_000_000 {
-        bucket.s.last_launch_ns.store(now, Relaxed);
+    crate::monitor::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
+    // A launch into a capture does not run now (the graph's launch is gated instead).
+    if driver::stream_is_capturing(stream) {
+        return LaunchTicket::default();
     }
-    LAUNCHED.store(true, Relaxed);
-    LaunchTicket { dev: Some(dev) }
+    let Some((key, record_on, ctx)) = resolve_stream(stream, ptsz) else { return LaunchTicket::default() };
+    let bucket = ps.region.bucket(dev);
+    let cap = crate::monitor::effective_cap(rt, ps, dev);
+    let contended = CONTENDED[dev].load(Relaxed);
+    hold(&mut SysClock, |now| {
+        let mut g = lock(dev);
+        let g = &mut *g;
+        g.meter.contended = contended;
+        driver::with_relaxed_capture(|| g.meter.gate(&mut g.events, &bucket, cap, key, now))
+    });
+    let mut g = lock(dev);
+    let g = &mut *g;
+    let Some(ctx) = g.events.ctx_index(ctx) else { return LaunchTicket::default() };
+    let start_ev = if g.meter.wants_start_event(key) { driver::with_relaxed_capture(|| g.events.record(ctx, record_on)) } else { None };
+    let submit_ns = vgpu_core::clock::fast_now_ns();
+    // Shared line: written at most once a millisecond, not on every launch.
+    if submit_ns.saturating_sub(bucket.s.last_launch_ns.load(Relaxed)) > 1_000_000 {
+        bucket.s.last_launch_ns.store(submit_ns, Relaxed);
+    }
+    LaunchTicket { gated: Some(Gated { dev, key, record_on, ctx, start_ev, submit_ns }) }
 }
 
 #[cold]
-fn gated_failed(dev: usize) {
-    gate(dev).lock().unwrap_or_else(|p| p.into_inner()).tracker.launch_failed();
+fn gated_after(t: Gated, result: i32) {
+    let mut g = lock(t.dev);
+    let g = &mut *g;
+    if result != CUDA_SUCCESS {
+        if let Some(se) = t.start_ev {
+            g.events.release(se);
+        }
+        return;
+    }
+    let ev = driver::with_relaxed_capture(|| g.events.record(t.ctx, t.record_on));
+    g.meter.launched(t.key, t.start_ev, ev, t.submit_ns, &mut g.events);
 }
 
 #[cold]
 fn gated_sync() {
     let Some((_, ps)) = state() else { return };
     let Some(dev) = launch_device(ps) else { return };
+    if GATES[dev].load(Acquire).is_null() {
+        return;
+    }
     let now = vgpu_core::clock::fast_now_ns();
-    let bucket = bucket(ps, dev);
-    let mut g = gate(dev).lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = lock(dev);
     let g = &mut *g;
-    g.tracker.contended = CONTENDED[dev].load(Relaxed);
-    g.tracker.after_sync(&mut g.markers, now, &bucket);
+    driver::with_relaxed_capture(|| g.meter.synced(&mut g.events, &ps.region.bucket(dev), now));
 }
 
-/// Devices this process has gated launches on, and for each the cumulative occupancy (ns) and
-/// launches its tracker counted (only while a cap or suspend is active: the uncapped fast path
-/// counts nothing). Charges whatever the trackers hold pending. Never blocks: a gate busy in a
-/// launch (or asleep in one) reports `None` this round, but still counts as gated.
+/// Devices this process has gated launches on, and for each the cumulative busy time (ns) and
+/// launches its meter counted (only while a cap or suspend is active: the uncapped fast path
+/// counts nothing). Charges whatever completed meanwhile. Never blocks: a gate busy in a launch
+/// reports `None` this round, but still counts as gated.
 pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Option<(u64, u64)>)) {
     for (dev, p) in GATES.iter().enumerate() {
         let p = p.load(Acquire);
@@ -290,21 +366,14 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
         let m = unsafe { &*p };
         match m.try_lock() {
             Ok(mut g) => {
-                g.tracker.flush_pending(&bucket(ps, dev));
-                report(dev, Some((g.tracker.charged_total_ns, g.tracker.launches())));
+                let g = &mut *g;
+                let now = vgpu_core::clock::now_ns();
+                driver::with_relaxed_capture(|| g.meter.poll(&mut g.events, &ps.region.bucket(dev), now));
+                report(dev, Some((g.meter.charged_total_ns, g.meter.launches())));
             }
             Err(_) => report(dev, None),
         }
     }
-}
-
-/// The container's bucket for `dev`. `VGPU_LIMITER_CHARGE=sum` (read once) charges each
-/// process's occupancy separately instead of their union: an experiment knob for GPUs whose
-/// time-slicing lets kernels of several processes progress at once.
-pub(crate) fn bucket(ps: &ProcState, dev: usize) -> Bucket<'_> {
-    static UNION: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let union = *UNION.get_or_init(|| std::env::var("VGPU_LIMITER_CHARGE").map(|v| v != "sum").unwrap_or(true));
-    Bucket { s: ps.region.limiter(dev), union }
 }
 
 /// The runtime and this process's registered state, if both are ready (never initializes).

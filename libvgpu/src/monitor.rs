@@ -97,7 +97,7 @@ fn run(rt: &'static Runtime) {
         let any_launch = LAUNCHED.swap(false, AcqRel);
         for dev in 0..ps.devices.len() {
             if gated[dev] && GATE.load(Relaxed) {
-                crate::launch::bucket(ps, dev).roll_window(now);
+                ps.region.bucket(dev).roll_window(now);
             } else {
                 // No gate, no occupancy tracking (the uncapped fast path measures nothing):
                 // take utilization from NVML instead.

@@ -978,6 +978,12 @@ driver_exports! {
     "cuStreamCreateWithPriority" @ 5050 => fn cuStreamCreateWithPriority(ps: *mut Handle, flags: c_uint, _priority: i32) {
         stream_create(ps, flags)
     }
+    "cuStreamGetCtx" @ 9020 / 9020 cuStreamGetCtx_ptsz => fn cuStreamGetCtx (stream: Handle, pctx: *mut Handle) {
+        run(|p, _| {
+            let c = p.stream_mut(stream as u64)?.ctx;
+            out(pctx, h(c))
+        })
+    }
     "cuStreamDestroy" @ 4000 => fn cuStreamDestroy_v2(stream: Handle) {
         run(|p, _| p.streams.remove(&(stream as u64)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE))
     }

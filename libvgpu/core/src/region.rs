@@ -939,6 +939,12 @@ impl Region {
         &self.body().limiter[dev.min(MAX_DEVICES - 1)]
     }
 
+    /// The container's token bucket and busy map of `dev` (same clamping as `limiter`).
+    pub fn bucket(&self, dev: usize) -> crate::limiter::Bucket<'_> {
+        let d = dev.min(MAX_DEVICES - 1);
+        crate::limiter::Bucket::new(&self.body().limiter[d], &self.body().busy[d])
+    }
+
     // ---------- devices ----------
 
     fn write_uuid(&self, dev: usize, uuid: &str) {

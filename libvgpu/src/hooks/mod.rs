@@ -67,9 +67,9 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let stream: $crate::ffi::CUstream = $stream;
-                let ticket = $crate::launch::before_launch(stream);
+                let ticket = $crate::launch::before_launch(stream, stringify!($name).ends_with("_ptsz"));
                 let r = f($($arg),*);
-                $crate::launch::after_launch(ticket, stream, r);
+                $crate::launch::after_launch(ticket, r);
                 r
             }
         })

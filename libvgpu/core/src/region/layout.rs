@@ -3,7 +3,7 @@
 //! same time is an atomic (same size and alignment as the plain integer); the two `sem_t` areas of
 //! the reference are plain bytes that stay zero.
 
-use crate::limiter::SharedDeviceState;
+use crate::limiter::{BusyMap, SharedDeviceState};
 use crate::{MAX_DEVICES, MAX_PROCS};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8};
 
@@ -15,7 +15,7 @@ pub const UUID_LEN: usize = 96;
 pub const V1_SIZE: usize = 2_008_952;
 pub const EXT_OFFSET: usize = V1_SIZE;
 pub const EXT_MAGIC: [u8; 8] = *b"LVGPUEXT";
-pub const EXT_VERSION: u32 = 1;
+pub const EXT_VERSION: u32 = 2;
 
 /// Per-device memory usage of one process (HAMi `device_memory_t`, 64 bytes).
 #[repr(C)]
@@ -130,6 +130,8 @@ pub const SLOT_FLAG_HOSTPID_UNKNOWN: u32 = 1;
 pub struct ExtBody {
     pub limiter: [SharedDeviceState; MAX_DEVICES],
     pub slots: [SlotExt; MAX_PROCS],
+    /// Per-device busy bitmaps: the union of the container's kernel time (`limiter::busy`).
+    pub busy: [BusyMap; MAX_DEVICES],
     pub reserved: [u8; 4096],
 }
 

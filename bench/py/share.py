@@ -1,0 +1,184 @@
+"""Compute share of a real program under caps, judged by an independent observer.
+
+Runs a workload under libvgpu (LD_PRELOAD) and switches its container's cap at run time with
+shrreg-tool: first no cap (u0 = its uncapped utilization and throughput), then each cap in turn.
+For every phase, after a warm-up, it samples the device utilization from NVML each second (this
+process is not hooked: host NVML) and reads the workload's throughput from its `progress t= n=`
+lines (n = cumulative work units). Pass when, for each cap c:
+  mean utilization within 3 points of min(c, u0), every 1-s sample within 8,
+  throughput within 5% (relative) of min(1, c/u0) of the uncapped throughput.
+
+usage: share.py --name NAME [--caps 25,50] [--procs N] [--fresh RUNS] -- CMD ARGS...
+  --procs N    run N copies of CMD in one container (one region); throughput is their sum
+  --fresh R    instead of switching at run time, start R fresh processes per cap (each with
+               CUDA_DEVICE_SM_LIMIT set) and judge every run on its own
+Env: DIST (libvgpu.so, tools/shrreg-tool), WARM (s, default 2.5), MEASURE (s, default 4),
+OUT (a JSON line per phase is appended to $OUT/share.jsonl).
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+DIST = os.environ.get("DIST", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+WARM = float(os.environ.get("WARM", "2.5"))
+MEASURE = float(os.environ.get("MEASURE", "4"))
+
+
+class Nvml:
+    """Device utilization straight from libnvidia-ml (never through the hook)."""
+
+    def __init__(self, index=0):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        assert self.lib.nvmlInit_v2() == 0, "nvmlInit failed"
+        self.h = ctypes.c_void_p()
+        assert self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.h)) == 0
+
+    def util(self):
+        u = (ctypes.c_uint * 2)()
+        assert self.lib.nvmlDeviceGetUtilizationRates(self.h, u) == 0
+        return u[0]
+
+
+class Proc:
+    """A workload process; collects its progress lines."""
+
+    def __init__(self, cmd, env):
+        self.p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.points = []  # (t, n)
+        self.ready = threading.Event()
+        self.log = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.log.append(line)
+            if line.startswith("progress "):
+                kv = dict(x.split("=", 1) for x in line.split()[1:])
+                self.points.append((float(kv["t"]), float(kv["n"])))
+                self.ready.set()
+        self.ready.set()
+
+    def at(self, t):
+        """Cumulative work at time t (linear between progress points)."""
+        pts = self.points
+        if not pts or t <= pts[0][0]:
+            return pts[0][1] if pts else 0.0
+        for (t0, n0), (t1, n1) in zip(pts, pts[1:]):
+            if t0 <= t <= t1:
+                return n0 + (n1 - n0) * (t - t0) / max(t1 - t0, 1e-9)
+        return pts[-1][1]
+
+
+def shrreg(region, *args):
+    subprocess.run([f"{DIST}/tools/shrreg-tool", "--file", region, *args], check=True, capture_output=True)
+
+
+def measure(nvml, procs):
+    """Warm up, then sample NVML each second for MEASURE s; returns (utils, throughput/s)."""
+    time.sleep(WARM)
+    t0 = time.monotonic()
+    utils = []
+    while time.monotonic() - t0 < MEASURE - 0.01:
+        time.sleep(1.0)
+        utils.append(nvml.util())
+    t1 = time.monotonic()
+    time.sleep(0.3)  # the next progress line brackets t1
+    work = sum(p.at(t1) - p.at(t0) for p in procs)
+    return utils, work / (t1 - t0)
+
+
+def judge(name, cap, u0, k0, utils, k, extra=None):
+    u = sum(utils) / len(utils)
+    want_u = min(cap, u0)
+    want_k = min(1.0, cap / u0) if u0 > 0 else 1.0
+    tput = k / k0 if k0 > 0 else 0.0
+    ok_u = abs(u - want_u) <= 3.0 and all(abs(x - want_u) <= 8.0 for x in utils)
+    ok_k = want_k > 0 and abs(tput / want_k - 1.0) <= 0.05
+    rec = dict(name=name, cap=cap, u0=round(u0, 1), util=round(u, 1), util_min=min(utils), util_max=max(utils),
+               tput=round(tput, 3), want_tput=round(want_k, 3), ok=ok_u and ok_k, ok_util=ok_u, ok_tput=ok_k)
+    if extra:
+        rec.update(extra)
+    print(" ".join(f"{a}={b}" for a, b in rec.items()), flush=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "share.jsonl"), "a") as f:
+            f.write(json.dumps(dict(rec, samples=utils)) + "\n")
+    return rec["ok"]
+
+
+def child_env(region, cap=None):
+    env = dict(os.environ, LD_PRELOAD=f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=region, PYTHONUNBUFFERED="1")
+    env.pop("CUDA_DEVICE_SM_LIMIT", None)
+    if cap is not None:
+        env["CUDA_DEVICE_SM_LIMIT"] = str(cap)
+    return env
+
+
+def start(cmd, env, n):
+    procs = [Proc(cmd, env) for _ in range(n)]
+    for p in procs:
+        if not p.ready.wait(300) or not p.points:
+            stop(procs)
+            sys.exit(f"name=? error=workload_never_reported_progress log={''.join(p.log)[-2000:]!r}")
+    return procs
+
+
+def stop(procs):
+    for p in procs:
+        if p.p.poll() is None:
+            p.p.terminate()
+    for p in procs:
+        try:
+            p.p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.p.kill()
+
+
+def main():
+    args = sys.argv[1:]
+    sep = args.index("--")
+    opts, cmd = args[:sep], args[sep + 1:]
+    o = dict(zip(opts[::2], opts[1::2]))
+    name = o["--name"]
+    caps = [int(c) for c in o.get("--caps", "25,50").split(",")]
+    nproc = int(o.get("--procs", "1"))
+    fresh = int(o.get("--fresh", "0"))
+    nvml = Nvml()
+    tmp = tempfile.mkdtemp(prefix="share-")
+    ok = True
+    if fresh:
+        region = f"{tmp}/r0"
+        procs = start(cmd, child_env(region), nproc)
+        utils0, k0 = measure(nvml, procs)
+        stop(procs)
+        u0 = sum(utils0) / len(utils0)
+        print(f"name={name} phase=uncapped u0={u0:.1f} rate={k0:.2f}", flush=True)
+        for cap in caps:
+            for run in range(fresh):
+                region = f"{tmp}/r-{cap}-{run}"
+                procs = start(cmd, child_env(region, cap), nproc)
+                utils, k = measure(nvml, procs)
+                stop(procs)
+                ok &= judge(name, cap, u0, k0, utils, k, {"run": run})
+    else:
+        region = f"{tmp}/r"
+        procs = start(cmd, child_env(region), nproc)
+        try:
+            utils0, k0 = measure(nvml, procs)
+            u0 = sum(utils0) / len(utils0)
+            print(f"name={name} phase=uncapped u0={u0:.1f} rate={k0:.2f} samples={utils0}", flush=True)
+            for cap in caps:
+                shrreg(region, "--set-sm-limit", "0", str(cap))
+                utils, k = measure(nvml, procs)
+                ok &= judge(name, cap, u0, k0, utils, k)
+        finally:
+            stop(procs)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

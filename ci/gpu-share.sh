@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# gpu-share.sh: the compute cap on programs we did not write, judged by host NVML (issue 10).
+# Each case runs under libvgpu with its cap switched at run time (uncapped, 25, 50) by
+# bench/py/share.py, which samples NVML each second and reads the program's throughput:
+# utilization within 3 points of min(cap, u0) (every second within 8), throughput within 5% of
+# min(1, cap/u0). Runs from the dist/ tree (ci/package-gpu.sh). Logs: $OUT/share.jsonl.
+# usage: gpu-share.sh [section ...]   sections: threads streams repeat random procs torch compile
+#                                     (default: all)
+set -u
+DIST=$(cd "$(dirname "$0")/.." && pwd)
+export DIST
+S=$DIST/samples
+PY="python3 $DIST/bench/py/share.py"
+W="python3 $DIST/bench/py/workloads.py"
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(threads streams repeat random procs torch compile)
+fails=0
+run() { "$@" || fails=$((fails + 1)); }
+ts() { "$S/test_streams" --progress --seconds 600 "$@"; }
+
+for sec in "${sections[@]}"; do
+    case $sec in
+    threads) for n in 1 2 4 8; do run $PY --name "threads_$n" -- $S/test_streams --progress --seconds 600 --threads $n --us 1000; done ;;
+    streams) for n in 1 2 4 8; do run $PY --name "async_streams_$n" -- $S/test_streams --progress --seconds 600 --streams $n --sync-every 0 --us 1000; done ;;
+    repeat) MEASURE=3 WARM=1.5 run $PY --name async_0.3-3ms --fresh 10 -- $S/test_streams --progress --seconds 600 --sync-every 0 --us 300 --us-max 3000 ;;
+    random) run $PY --name random_10us-5ms -- $S/test_streams --progress --seconds 600 --us 10 --us-max 5000 ;;
+    procs) run $PY --name four_procs_threads_2 --procs 4 -- $S/test_streams --progress --seconds 600 --threads 2 --us 1000 ;;
+    torch) for k in matmul gpt2 resnet graph; do run $PY --name "torch_$k" -- $W $k; done ;;
+    compile) run $PY --name torch_compile -- $W compile ;;
+    *) echo "unknown section $sec" >&2; exit 2 ;;
+    esac
+done
+echo "share_failures=$fails"
+[ $fails -eq 0 ]

@@ -1,0 +1,356 @@
+//! One process's measurement of its own GPU time on one device, and the launch gate built on it.
+//!
+//! After every gated launch the glue records a timing event on the launch's stream. When the
+//! event completes, the launch ran during `[max(end of the stream's previous event, submit
+//! time), event time)`: on one stream kernels run in order, and none starts before it was
+//! submitted. Those intervals, from every stream of every process of the container, are marked in
+//! the shared `BusyMap`, whose newly covered time is the container's GPU utilization as NVML
+//! reports it (the time during which at least one of its kernels ran). CPU time between kernels
+//! is never charged; several threads, streams or processes running at once are charged once.
+//!
+//! The gate then keeps two promises:
+//! * queued work is bounded (about `QUEUE_TARGET_NS` of estimated GPU time per process), because
+//!   the GPU runs whatever is queued, and measurements arrive only as work completes;
+//! * a launch waits while the container's bucket (refilled at cap x wall time) is in debt.
+
+use std::collections::VecDeque;
+
+use super::{Bucket, CapPercent, Clock, DEBT_SLEEP_NS, MAX_HOLD_NS};
+
+/// Which stream a launch went to, as the glue names it (per-thread default streams differ per
+/// thread, the legacy stream per context).
+pub type StreamKey = u64;
+
+/// What became of a timing event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventState {
+    Pending,
+    /// Completed at this host time (`clock::now_ns` time base).
+    Done(u64),
+    /// Unusable (its context was destroyed, the driver failed): nothing to learn from it.
+    Lost,
+}
+
+/// The glue's timing events.
+pub trait Events {
+    type Ev: Copy;
+    fn poll(&mut self, ev: Self::Ev) -> EventState;
+    /// The meter no longer needs the event (it may be recycled).
+    fn release(&mut self, ev: Self::Ev);
+}
+
+/// What the gate wants the launching thread to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Go,
+    /// Come back after about this long (nothing held meanwhile).
+    Wait(u64),
+}
+
+/// Estimated GPU time a process may keep queued on a device while capped.
+pub const QUEUE_TARGET_NS: u64 = 2_000_000;
+/// Per-launch estimate for a stream that has not completed anything yet (conservative: the
+/// first launches are not queued deep).
+pub const INITIAL_LAUNCH_EST_NS: u64 = 1_000_000;
+/// Longest single wait the gate asks for (then it looks again).
+pub const MAX_WAIT_NS: u64 = 20_000_000;
+/// Shortest wait for queued work (a poll interval).
+pub const MIN_WAIT_NS: u64 = 5_000;
+/// Streams remembered per device; idle ones beyond this are forgotten.
+const MAX_STREAMS: usize = 64;
+/// How fast the isolated per-launch estimate may rise (1% per this much wall time).
+pub const ISO_DRIFT_NS: u64 = 100_000_000;
+/// Slowdowns below this (x1000) are jitter, not contention.
+const SLOWDOWN_DEADBAND_MILLI: u64 = 1_150;
+
+struct Submitted<E> {
+    ev: E,
+    /// Event recorded just before the first launch when the stream was idle: its time is when
+    /// the GPU reached the launch (submit time plus the driver's launch latency).
+    start_ev: Option<E>,
+    /// Earliest time the covered launches could start (host submit time of the first).
+    submit_ns: u64,
+    launches: u32,
+}
+
+struct StreamTrack<E> {
+    key: StreamKey,
+    pending: VecDeque<Submitted<E>>,
+    pending_launches: u64,
+    /// Launches whose event could not be recorded: folded into the next event, or charged up to
+    /// the next synchronize.
+    unevented: u32,
+    unevented_since_ns: u64,
+    /// When the stream's previous event completed: the next launch cannot start earlier.
+    last_end_ns: u64,
+    /// Estimated GPU time per launch (EWMA of measured intervals).
+    est_ns: u64,
+    /// Per-launch time while we had the GPU to ourselves (minimum, drifting up), and recent
+    /// per-launch time over it: how much another tenant slows this stream.
+    iso_ns: u64,
+    iso_at_ns: u64,
+    slowdown_milli: u64,
+    touched_ns: u64,
+}
+
+impl<E: Copy> StreamTrack<E> {
+    fn new(key: StreamKey, now: u64) -> Self {
+        StreamTrack {
+            key,
+            pending: VecDeque::new(),
+            pending_launches: 0,
+            unevented: 0,
+            unevented_since_ns: 0,
+            last_end_ns: 0,
+            est_ns: INITIAL_LAUNCH_EST_NS,
+            iso_ns: 0,
+            iso_at_ns: 0,
+            slowdown_milli: 1_000,
+            touched_ns: now,
+        }
+    }
+
+    /// Fold a measured per-launch time into the estimates: rise fast (a low estimate lets the
+    /// queue grow past its bound), fall at half speed.
+    fn learn(&mut self, sample_ns: u64, now: u64) {
+        let e = self.est_ns;
+        self.est_ns = if sample_ns > e { (e + 3 * sample_ns) / 4 } else { (e + sample_ns) / 2 }.max(1);
+        let sample = sample_ns.max(1);
+        if self.iso_ns == 0 || sample <= self.iso_ns {
+            self.iso_ns = sample;
+            self.iso_at_ns = now;
+        } else if now.saturating_sub(self.iso_at_ns) >= ISO_DRIFT_NS {
+            self.iso_ns += self.iso_ns / 100 + 1;
+            self.iso_at_ns = now;
+        }
+        let ratio = (sample as u128 * 1000 / self.iso_ns as u128).min(100_000) as u64;
+        self.slowdown_milli = (self.slowdown_milli * 3 + ratio) / 4;
+    }
+
+    /// Share (x1000) of a measured interval our work really had the GPU: all of it, unless
+    /// another tenant is known to be active and our launches take longer than alone.
+    fn share_milli(&self, contended: bool) -> u64 {
+        if !contended || self.slowdown_milli < SLOWDOWN_DEADBAND_MILLI {
+            return 1000;
+        }
+        (1_000_000 / self.slowdown_milli).clamp(200, 1000)
+    }
+
+    /// When the oldest pending launch will probably be done.
+    fn head_expected_end(&self) -> u64 {
+        match self.pending.front() {
+            Some(h) => h.submit_ns.max(self.last_end_ns) + self.est_ns * h.launches as u64,
+            None => 0,
+        }
+    }
+}
+
+/// One process's meter and gate for one device.
+pub struct Meter<E: Copy> {
+    streams: Vec<StreamTrack<E>>,
+    /// Busy time this process's intervals added to the container's union (ns).
+    pub charged_total_ns: u64,
+    launches: u64,
+    /// Another tenant is using the GPU (set by the glue from NVML).
+    pub contended: bool,
+}
+
+impl<E: Copy> Default for Meter<E> {
+    fn default() -> Self {
+        Meter { streams: Vec::new(), charged_total_ns: 0, launches: 0, contended: false }
+    }
+}
+
+impl<E: Copy> Meter<E> {
+    /// Launches this meter counted.
+    pub fn launches(&self) -> u64 {
+        self.launches
+    }
+
+    /// Launches submitted whose completion has not been seen.
+    pub fn pending_launches(&self) -> u64 {
+        self.streams.iter().map(|s| s.pending_launches + s.unevented as u64).sum()
+    }
+
+    /// Estimated GPU time of everything we have queued.
+    pub fn queued_est_ns(&self) -> u64 {
+        self.streams.iter().map(|s| (s.pending_launches + s.unevented as u64).saturating_mul(s.est_ns)).sum()
+    }
+
+    fn track(&mut self, key: StreamKey, now: u64) -> usize {
+        if let Some(i) = self.streams.iter().position(|s| s.key == key) {
+            self.streams[i].touched_ns = now;
+            return i;
+        }
+        if self.streams.len() >= MAX_STREAMS {
+            // Forget the longest-idle stream with nothing in flight (a destroyed one, typically).
+            let idle = self
+                .streams
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.pending.is_empty() && s.unevented == 0)
+                .min_by_key(|(_, s)| s.touched_ns)
+                .map(|(i, _)| i);
+            match idle {
+                Some(i) => {
+                    self.streams.swap_remove(i);
+                }
+                None => {
+                    // Every stream has work in flight: share the oldest one's record rather than
+                    // grow without bound (its intervals stay correct, only less precise).
+                    return 0;
+                }
+            }
+        }
+        self.streams.push(StreamTrack::new(key, now));
+        self.streams.len() - 1
+    }
+
+    /// Charge every completed launch to the container's union.
+    pub fn poll(&mut self, evs: &mut impl Events<Ev = E>, bucket: &Bucket<'_>, now: u64) {
+        let contended = self.contended;
+        for st in &mut self.streams {
+            while let Some(head) = st.pending.front() {
+                let state = evs.poll(head.ev);
+                if state == EventState::Pending {
+                    break;
+                }
+                let head = st.pending.pop_front().expect("front exists");
+                st.pending_launches -= head.launches as u64;
+                evs.release(head.ev);
+                let began = match head.start_ev {
+                    Some(se) => {
+                        let s = evs.poll(se);
+                        evs.release(se);
+                        match s {
+                            EventState::Done(t) => t,
+                            _ => head.submit_ns,
+                        }
+                    }
+                    None => head.submit_ns,
+                };
+                let EventState::Done(t) = state else { continue };
+                let start = st.last_end_ns.max(began);
+                let end = t.max(start);
+                st.last_end_ns = end;
+                st.learn((end - start) / head.launches.max(1) as u64, now);
+                self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now);
+            }
+        }
+    }
+
+    /// A synchronize returned: everything submitted before it is complete. Launches whose event
+    /// could not be recorded are charged from their submission to now (an upper bound: a cap is
+    /// never left unenforced for want of an event).
+    pub fn synced(&mut self, evs: &mut impl Events<Ev = E>, bucket: &Bucket<'_>, now: u64) {
+        self.poll(evs, bucket, now);
+        for st in &mut self.streams {
+            if st.unevented > 0 {
+                let start = st.last_end_ns.max(st.unevented_since_ns);
+                self.charged_total_ns += bucket.charge(start, now.max(start), 1000, now);
+                st.last_end_ns = now;
+                st.unevented = 0;
+            }
+        }
+    }
+
+    /// Decide whether a launch on `key` may go now. Uncapped: always (the bucket is kept full so
+    /// a cap set later starts clean).
+    pub fn gate(&mut self, evs: &mut impl Events<Ev = E>, bucket: &Bucket<'_>, cap: CapPercent, key: StreamKey, now: u64) -> Step {
+        self.poll(evs, bucket, now);
+        let Some(cap) = cap.filter(|c| *c < 100) else {
+            bucket.refill(now, 100);
+            return Step::Go;
+        };
+        let cap = cap.max(1) as u64;
+        // 1. Bound our queue: the GPU runs whatever is queued, budget or not.
+        let i = self.track(key, now);
+        if !self.streams[i].pending.is_empty() && self.queued_est_ns() >= QUEUE_TARGET_NS {
+            let due = self.streams[i].head_expected_end();
+            return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+        }
+        // 2. Budget.
+        bucket.refill(now, cap as u32);
+        let balance = bucket.balance();
+        if balance >= -DEBT_SLEEP_NS {
+            return Step::Go;
+        }
+        let debt = balance.unsigned_abs();
+        Step::Wait((debt.saturating_mul(100) / cap).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
+    }
+
+    /// Does a launch on `key` start an idle stream? Then the glue records a start event before
+    /// it: otherwise the launch latency of every isolated kernel would be charged as GPU time.
+    pub fn wants_start_event(&self, key: StreamKey) -> bool {
+        self.streams.iter().find(|s| s.key == key).is_none_or(|s| s.pending.is_empty() && s.unevented == 0)
+    }
+
+    /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
+    /// recorded after it (`None`: recording failed), `start_ev` the one recorded before it.
+    pub fn launched(&mut self, key: StreamKey, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {
+        self.launches += 1;
+        let i = self.track(key, submit_ns);
+        let st = &mut self.streams[i];
+        if st.unevented == 0 {
+            st.unevented_since_ns = submit_ns;
+        }
+        st.unevented += 1;
+        let start_ev = match (start_ev, st.unevented) {
+            (Some(se), 1) => Some(se),
+            (Some(se), _) => {
+                evs.release(se); // earlier launches without an event: their submit time rules
+                None
+            }
+            (None, _) => None,
+        };
+        match ev {
+            Some(ev) => {
+                st.pending.push_back(Submitted { ev, start_ev, submit_ns: st.unevented_since_ns, launches: st.unevented });
+                st.pending_launches += st.unevented as u64;
+                st.unevented = 0;
+            }
+            None => {
+                if let Some(se) = start_ev {
+                    evs.release(se);
+                }
+            }
+        }
+    }
+
+    /// Give every event back (the process forgets this device, e.g. its context is gone).
+    pub fn clear(&mut self, evs: &mut impl Events<Ev = E>) {
+        for st in self.streams.drain(..) {
+            for p in st.pending {
+                evs.release(p.ev);
+                if let Some(se) = p.start_ev {
+                    evs.release(se);
+                }
+            }
+        }
+    }
+}
+
+/// Run gate steps until one says go, or `MAX_HOLD_NS` passed in total (a stalled rank must not
+/// deadlock a collective). `step` takes whatever lock it needs itself: nothing is held while this
+/// waits. Returns the time held.
+pub fn hold(clk: &mut impl Clock, mut step: impl FnMut(u64) -> Step) -> u64 {
+    let t0 = clk.now_ns();
+    loop {
+        let now = clk.now_ns();
+        let held = now.saturating_sub(t0);
+        match step(now) {
+            Step::Go => return held,
+            Step::Wait(ns) => {
+                if held >= MAX_HOLD_NS {
+                    return held;
+                }
+                let ns = ns.min(MAX_HOLD_NS - held);
+                if ns < super::SPIN_WAIT_NS {
+                    clk.pause();
+                } else {
+                    clk.sleep_ns(ns);
+                }
+            }
+        }
+    }
+}

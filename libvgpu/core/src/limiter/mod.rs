@@ -1,0 +1,156 @@
+//! Compute limiter policy (pure; the FFI glue is `libvgpu/src/launch.rs`).
+//!
+//! # What the cap means
+//! `CUDA_DEVICE_SM_LIMIT=p` bounds the container's GPU utilization as NVML / nvidia-smi report
+//! it for the device: the fraction of wall time during which at least one kernel of the
+//! container is executing, across all its processes, threads, streams and contexts. A program
+//! whose uncapped utilization u0 is below p is not slowed; above, it runs at p/u0 of its
+//! uncapped throughput (CPU time between kernels is not GPU time and is never charged).
+//!
+//! # How
+//! * `meter`: each process measures when its kernels ran with a timing event after every gated
+//!   launch (`[max(previous end on the stream, submit), event time)`).
+//! * `busy`: those intervals are marked in a per-device bitmap shared by the container, so the
+//!   time charged is the union over streams and processes, whatever order they report in.
+//! * `Bucket`: the container's token bucket, refilled at cap x wall time (up to `BURST_NS`),
+//!   pays for the newly covered time. In debt, launches wait; queued work is bounded so the GPU
+//!   cannot run far past the budget before the measurements arrive.
+//! * Every wait is bounded (`MAX_HOLD_NS`): a stalled rank must not deadlock a collective.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
+
+pub mod busy;
+pub mod meter;
+
+pub use busy::BusyMap;
+pub use meter::{hold, EventState, Events, Meter, Step, StreamKey};
+
+/// Per-device limiter state shared by every process of a container (lives in the region
+/// extension, one per device). All fields are atomics: processes update it without a lock.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct SharedDeviceState {
+    /// Token bucket balance in nanoseconds of GPU time; negative = debt.
+    pub tokens_ns: AtomicI64,
+    /// When the bucket was last refilled (clock::now_ns).
+    pub refilled_at_ns: AtomicU64,
+    /// Unused since the busy bitmap (kept for the layout).
+    pub charged_until_ns: AtomicU64,
+    /// Busy time charged since `window_start_ns` (utilization reporting).
+    pub window_busy_ns: AtomicU64,
+    pub window_start_ns: AtomicU64,
+    /// Last completed window's utilization in percent x 100 (0..=10000).
+    pub util_centi_percent: AtomicU64,
+    /// Total busy time charged, ns (monotonic counter for tools).
+    pub total_busy_ns: AtomicU64,
+    /// Latest launch on this device by any process of the container (clock::now_ns).
+    pub last_launch_ns: AtomicU64,
+    /// Room to grow without changing the extension layout.
+    pub reserved: [AtomicU64; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);
+
+/// Bucket ceiling: how far ahead of its rate a container may burst.
+pub const BURST_NS: i64 = 4_000_000;
+/// Debt tolerated before a launch waits (amortizes sleep overshoot and syscalls).
+pub const DEBT_SLEEP_NS: i64 = 1_000_000;
+/// Longest a single launch may be held back, all waits included.
+pub const MAX_HOLD_NS: u64 = 2_000_000_000;
+/// Minimum spacing of bucket refills.
+pub const REFILL_MIN_NS: u64 = 50_000;
+/// Period of the utilization window kept in `SharedDeviceState`.
+pub const UTIL_WINDOW_NS: u64 = 500_000_000;
+/// Waits shorter than this poll (yield) instead of sleeping: a sleep overshoots by the timer
+/// slack (~50 us), which would leave the GPU idle behind a short queue.
+pub const SPIN_WAIT_NS: u64 = 50_000;
+
+/// Effective share for a device right now, in percent (1..=100); `None` = no cap.
+pub type CapPercent = Option<u32>;
+
+/// Time and waiting, abstracted so the policy runs against a virtual clock in tests.
+pub trait Clock {
+    fn now_ns(&self) -> u64;
+    fn sleep_ns(&mut self, ns: u64);
+    /// Give the CPU away briefly while polling (sched_yield): returns within microseconds.
+    fn pause(&mut self);
+}
+
+/// The container's bucket and busy map for one device, refilled lazily by whichever process
+/// looks first.
+pub struct Bucket<'a> {
+    pub s: &'a SharedDeviceState,
+    pub map: &'a BusyMap,
+}
+
+impl<'a> Bucket<'a> {
+    pub fn new(s: &'a SharedDeviceState, map: &'a BusyMap) -> Self {
+        Bucket { s, map }
+    }
+}
+
+impl Bucket<'_> {
+    /// Add `cap`% of the wall time since the last refill, clamped to `BURST_NS`. Refills closer
+    /// than `REFILL_MIN_NS` apart are skipped: no shared-line write on every launch.
+    pub fn refill(&self, now: u64, cap: u32) {
+        let last = self.s.refilled_at_ns.load(Relaxed);
+        if now <= last || (last != 0 && now - last < REFILL_MIN_NS) {
+            return;
+        }
+        if self.s.refilled_at_ns.compare_exchange(last, now, AcqRel, Relaxed).is_err() {
+            return; // another process refilled this interval
+        }
+        if last == 0 {
+            // First use: start at zero balance, not with a refill for all of history.
+            return;
+        }
+        let add = ((now - last) as u128 * cap as u128 / 100).min(i64::MAX as u128) as i64;
+        let prev = self.s.tokens_ns.fetch_add(add, AcqRel);
+        if prev.saturating_add(add) > BURST_NS {
+            self.s.tokens_ns.fetch_min(BURST_NS, AcqRel);
+        }
+    }
+
+    /// Charge the busy interval `[start, end)` of one process: only the part no process of the
+    /// container reported yet (the union). The bucket pays `share_milli`/1000 of it (less than
+    /// all when another tenant slowed our work); utilization counts it whole.
+    /// Returns the newly covered ns (before the share).
+    pub fn charge(&self, start: u64, end: u64, share_milli: u64, now: u64) -> u64 {
+        let fresh = self.map.mark(start, end, now.max(end));
+        if fresh == 0 {
+            return 0;
+        }
+        let cost = fresh * share_milli.min(1000) / 1000;
+        self.s.tokens_ns.fetch_sub(cost as i64, AcqRel);
+        self.s.window_busy_ns.fetch_add(fresh, Relaxed);
+        self.s.total_busy_ns.fetch_add(fresh, Relaxed);
+        fresh
+    }
+
+    pub fn balance(&self) -> i64 {
+        self.s.tokens_ns.load(Acquire)
+    }
+
+    /// Close the utilization window if it is older than `UTIL_WINDOW_NS`; returns the new
+    /// utilization (centi-percent) when a window closed.
+    pub fn roll_window(&self, now: u64) -> Option<u64> {
+        let start = self.s.window_start_ns.load(Relaxed);
+        if start == 0 {
+            let _ = self.s.window_start_ns.compare_exchange(0, now, Relaxed, Relaxed);
+            return None;
+        }
+        if now < start + UTIL_WINDOW_NS {
+            return None;
+        }
+        if self.s.window_start_ns.compare_exchange(start, now, AcqRel, Relaxed).is_err() {
+            return None;
+        }
+        let busy = self.s.window_busy_ns.swap(0, AcqRel);
+        let util = (busy as u128 * 10_000 / (now - start) as u128).min(10_000) as u64;
+        self.s.util_centi_percent.store(util, Relaxed);
+        Some(util)
+    }
+}
+
+#[cfg(test)]
+mod sim;

@@ -1,0 +1,323 @@
+//! The policy against a simulated GPU: virtual time, one in-order queue per stream, kernels of
+//! one device executing one at a time (a full-GPU kernel, as on the mock), launch and
+//! synchronize costs like a real driver, sleeps that overshoot like Linux timer slack, and any
+//! number of threads and processes scheduled as discrete events. Checks that every launch
+//! pattern gets min(cap, u0) of the GPU and min(1, cap/u0) of its uncapped throughput.
+
+use super::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+const LAUNCH_CPU_NS: u64 = 2_500;
+const LAUNCH_LATENCY_NS: u64 = 3_000;
+const SYNC_RETURN_NS: u64 = 4_000;
+const SLEEP_OVERSHOOT_NS: u64 = 60_000;
+const PAUSE_NS: u64 = 1_500;
+const T0: u64 = 1_000_000_000;
+const SEC: u64 = 1_000_000_000;
+
+#[derive(Default)]
+struct Gpu {
+    now: u64,
+    busy_until: u64,
+    stream_end: HashMap<u64, u64>,
+    events: HashMap<u64, u64>,
+    next_ev: u64,
+    /// (start, end) of every kernel.
+    kernels: Vec<(u64, u64)>,
+}
+type World = Rc<RefCell<Gpu>>;
+
+struct SimEvents(World);
+impl Events for SimEvents {
+    type Ev = u64;
+    fn poll(&mut self, ev: u64) -> EventState {
+        let g = self.0.borrow();
+        let t = g.events[&ev];
+        if g.now >= t {
+            EventState::Done(t)
+        } else {
+            EventState::Pending
+        }
+    }
+    fn release(&mut self, ev: u64) {
+        self.0.borrow_mut().events.remove(&ev);
+    }
+}
+
+/// How one simulated thread submits work.
+#[derive(Clone)]
+struct Pattern {
+    /// Kernel lengths, cycled (or drawn from, when `random`).
+    kernel_ns: Vec<u64>,
+    random: bool,
+    /// Streams this thread round-robins over.
+    streams: u64,
+    /// Synchronize after this many launches (0 = never).
+    sync_every: u64,
+    /// CPU time after each launch (host work between kernels).
+    cpu_ns: u64,
+}
+
+impl Pattern {
+    fn fixed(kernel_ns: u64, sync_every: u64) -> Self {
+        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: 0 }
+    }
+}
+
+struct Thread {
+    proc: usize,
+    pat: Pattern,
+    /// Stream keys of this thread.
+    base: u64,
+    ready: u64,
+    launches: u64,
+    syncing: bool,
+    rng: u64,
+}
+
+struct Proc {
+    meter: Meter<u64>,
+    evs: SimEvents,
+}
+
+/// Run the threads (each `(process, pattern)`) for `secs` virtual seconds under `cap`.
+/// Returns per-second (kernels completed, busy ns) summed over every thread.
+fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u64, u64)> {
+    let w: World = Rc::new(RefCell::new(Gpu { now: T0, ..Default::default() }));
+    let state = SharedDeviceState::default();
+    let map = BusyMap::default();
+    let bucket = Bucket::new(&state, &map);
+    let nproc = threads.iter().map(|t| t.0).max().unwrap_or(0) + 1;
+    let mut procs: Vec<Proc> = (0..nproc).map(|_| Proc { meter: Meter::default(), evs: SimEvents(w.clone()) }).collect();
+    let mut ths: Vec<Thread> = threads
+        .iter()
+        .enumerate()
+        .map(|(i, (p, pat))| Thread {
+            proc: *p,
+            pat: pat.clone(),
+            base: (i as u64 + 1) << 16,
+            ready: T0,
+            launches: 0,
+            syncing: false,
+            rng: 0x9E37_79B9_7F4A_7C15 ^ i as u64,
+        })
+        .collect();
+    let end = T0 + secs * SEC;
+    loop {
+        let (i, t) = ths.iter().enumerate().map(|(i, t)| (i, t.ready)).min_by_key(|x| x.1).unwrap();
+        if t >= end {
+            break;
+        }
+        let th = &mut ths[i];
+        let p = &mut procs[th.proc];
+        {
+            let mut g = w.borrow_mut();
+            g.now = g.now.max(t);
+        }
+        let now = w.borrow().now;
+        if th.syncing {
+            th.syncing = false;
+            p.meter.synced(&mut p.evs, &bucket, now);
+            th.ready = now;
+            continue;
+        }
+        let key = th.base + th.launches % th.pat.streams;
+        match p.meter.gate(&mut p.evs, &bucket, cap, key, now) {
+            Step::Wait(ns) => {
+                th.ready = now + if ns < SPIN_WAIT_NS { PAUSE_NS } else { ns + SLEEP_OVERSHOOT_NS };
+            }
+            Step::Go => {
+                let dur = if th.pat.random {
+                    th.rng ^= th.rng << 13;
+                    th.rng ^= th.rng >> 7;
+                    th.rng ^= th.rng << 17;
+                    let (lo, hi) = (th.pat.kernel_ns[0], th.pat.kernel_ns[1]);
+                    lo + th.rng % (hi - lo)
+                } else {
+                    th.pat.kernel_ns[(th.launches % th.pat.kernel_ns.len() as u64) as usize]
+                };
+                let want_start = p.meter.wants_start_event(key);
+                let (start_ev, ev, after) = {
+                    let mut g = w.borrow_mut();
+                    let submit = g.now;
+                    let start_ev = want_start.then(|| {
+                        g.next_ev += 1;
+                        let se = g.next_ev;
+                        let s_end = *g.stream_end.get(&key).unwrap_or(&0);
+                        g.events.insert(se, (submit + LAUNCH_LATENCY_NS).max(s_end));
+                        se
+                    });
+                    g.now += LAUNCH_CPU_NS;
+                    let s_end = *g.stream_end.get(&key).unwrap_or(&0);
+                    let start = (submit + LAUNCH_LATENCY_NS).max(s_end).max(g.busy_until);
+                    let kend = start + dur;
+                    g.busy_until = kend;
+                    g.stream_end.insert(key, kend);
+                    g.kernels.push((start, kend));
+                    g.next_ev += 1;
+                    let ev = g.next_ev;
+                    g.events.insert(ev, kend);
+                    (start_ev, ev, submit)
+                };
+                p.meter.launched(key, start_ev, Some(ev), after, &mut p.evs);
+                th.launches += 1;
+                let now = w.borrow().now + th.pat.cpu_ns;
+                if th.pat.sync_every > 0 && th.launches % th.pat.sync_every == 0 {
+                    // Blocks until every stream of this thread is done.
+                    let g = w.borrow();
+                    let done = (0..th.pat.streams).map(|s| *g.stream_end.get(&(th.base + s)).unwrap_or(&0)).max().unwrap();
+                    th.ready = now.max(done + SYNC_RETURN_NS);
+                    th.syncing = true;
+                } else {
+                    th.ready = now;
+                }
+            }
+        }
+    }
+    let mut out = vec![(0u64, 0u64); secs as usize];
+    let weighted = threads.iter().any(|t| t.1.random);
+    for &(s, e) in w.borrow().kernels.iter() {
+        if e > T0 && e <= end {
+            // Throughput: kernels, or GPU work done when kernel lengths vary.
+            out[((e - 1 - T0) / SEC) as usize].0 += if weighted { (e - s) / 1000 } else { 1 };
+        }
+        let mut t = s.max(T0);
+        while t < e.min(end) {
+            let sec = (t - T0) / SEC;
+            let seg_end = (T0 + (sec + 1) * SEC).min(e).min(end);
+            out[sec as usize].1 += seg_end - t;
+            t = seg_end;
+        }
+    }
+    out
+}
+
+/// Mean kernels/s and utilization (%) over seconds `from..`.
+fn summarize(v: &[(u64, u64)], from: usize) -> (f64, f64) {
+    let n = (v.len() - from) as f64;
+    let k = v[from..].iter().map(|x| x.0).sum::<u64>() as f64 / n;
+    let u = v[from..].iter().map(|x| x.1).sum::<u64>() as f64 / n / SEC as f64 * 100.0;
+    (k, u)
+}
+
+/// Capped vs uncapped: utilization within 3 points of min(cap, u0), every second within 8,
+/// throughput within 5% of min(1, cap/u0).
+fn check(name: &str, threads: &[(usize, Pattern)], secs: u64, caps: &[u32]) {
+    let base = simulate(None, threads, secs);
+    let (k0, u0) = summarize(&base, 1);
+    for &cap in caps {
+        let got = simulate(Some(cap), threads, secs);
+        let (k, u) = summarize(&got, 2);
+        let want_u = (cap as f64).min(u0);
+        let want_k = (cap as f64 / u0).min(1.0);
+        assert!((u - want_u).abs() <= 3.0, "{name}, cap {cap}: utilization {u:.1}% (uncapped {u0:.1}%)");
+        assert!(
+            ((k / k0) / want_k - 1.0).abs() <= 0.05,
+            "{name}, cap {cap}: throughput {:.3} of uncapped, want {want_k:.3} (utilization {u:.1}%)",
+            k / k0
+        );
+        for (i, s) in got.iter().enumerate().skip(2) {
+            let su = s.1 as f64 / SEC as f64 * 100.0;
+            assert!((su - want_u).abs() <= 8.0, "{name}, cap {cap}: second {i} at {su:.1}% ({got:?})");
+        }
+    }
+}
+
+#[rstest::rstest]
+fn one_stream_delivers_the_cap(
+    #[values(10_000, 100_000, 1_000_000, 10_000_000)] kernel_ns: u64,
+    #[values(1, 100, 0)] sync_every: u64,
+) {
+    let secs = if kernel_ns >= 1_000_000 { 8 } else { 4 };
+    check(&format!("{kernel_ns} ns, sync every {sync_every}"), &[(0, Pattern::fixed(kernel_ns, sync_every))], secs, &[10, 25, 50, 75, 90]);
+}
+
+#[rstest::rstest]
+fn threads_on_their_own_streams_share_one_cap(#[values(2, 4, 8)] n: usize) {
+    let threads: Vec<_> = (0..n).map(|_| (0, Pattern::fixed(1_000_000, 1))).collect();
+    check(&format!("{n} threads"), &threads, 6, &[25, 50]);
+}
+
+#[rstest::rstest]
+fn async_round_robin_over_streams(#[values(2, 4, 8)] streams: u64) {
+    let pat = Pattern { streams, ..Pattern::fixed(1_000_000, 0) };
+    check(&format!("{streams} streams"), &[(0, pat)], 6, &[25, 50]);
+}
+
+#[test]
+fn random_kernel_lengths() {
+    let pat = Pattern { kernel_ns: vec![10_000, 5_000_000], random: true, ..Pattern::fixed(0, 1) };
+    check("10 us..5 ms", &[(0, pat)], 8, &[25, 50]);
+}
+
+#[test]
+fn cpu_time_between_kernels_is_not_charged() {
+    // u0 about 50%: a 25% cap halves the throughput, a 75% cap does not slow it.
+    let pat = Pattern { cpu_ns: 1_000_000, ..Pattern::fixed(1_000_000, 1) };
+    check("1 ms kernel + 1 ms CPU", &[(0, pat)], 6, &[25, 75]);
+}
+
+#[test]
+fn processes_share_one_cap() {
+    let threads: Vec<_> = (0..4).map(|p| (p, Pattern::fixed(500_000, 1))).collect();
+    check("4 processes", &threads, 6, &[25, 50]);
+}
+
+#[test]
+fn holds_are_bounded() {
+    // A 10 s kernel under a 1% cap: the gate never holds a launch longer than MAX_HOLD_NS.
+    struct Virt(u64);
+    impl Clock for Virt {
+        fn now_ns(&self) -> u64 {
+            self.0
+        }
+        fn sleep_ns(&mut self, ns: u64) {
+            self.0 += ns + SLEEP_OVERSHOOT_NS;
+        }
+        fn pause(&mut self) {
+            self.0 += PAUSE_NS;
+        }
+    }
+    let state = SharedDeviceState::default();
+    let map = BusyMap::default();
+    let bucket = Bucket::new(&state, &map);
+    let w: World = Rc::new(RefCell::new(Gpu::default()));
+    let mut evs = SimEvents(w.clone());
+    let mut m: Meter<u64> = Meter::default();
+    let mut clk = Virt(T0);
+    w.borrow_mut().events.insert(1, T0 + 10 * SEC);
+    m.launched(7, None, Some(1), T0, &mut evs);
+    state.tokens_ns.store(-(10 * SEC as i64), Relaxed);
+    let held = hold(&mut clk, |now| {
+        w.borrow_mut().now = now;
+        m.gate(&mut evs, &bucket, Some(1), 7, now)
+    });
+    assert!((MAX_HOLD_NS..MAX_HOLD_NS + 1_000_000).contains(&held), "held {held} ns");
+}
+
+#[test]
+fn refill_is_rate_limited_and_clamped() {
+    let state = SharedDeviceState::default();
+    let map = BusyMap::default();
+    let b = Bucket::new(&state, &map);
+    b.refill(1_000, 50); // first use starts the clock
+    assert_eq!(b.balance(), 0);
+    b.refill(1_000 + 20_000, 50); // too soon: skipped
+    assert_eq!(b.balance(), 0);
+    b.refill(1_000 + 2_000_000, 50);
+    assert_eq!(b.balance(), 1_000_000);
+    b.refill(1_000 + 1_000_000_000, 50);
+    assert_eq!(b.balance(), BURST_NS);
+}
+
+#[test]
+fn a_slowed_interval_pays_its_share_but_counts_whole() {
+    let state = SharedDeviceState::default();
+    let map = BusyMap::default();
+    let b = Bucket::new(&state, &map);
+    assert_eq!(b.charge(T0, T0 + 1_000_000, 500, T0 + 1_000_000), 1_000_000);
+    assert_eq!(state.window_busy_ns.load(Relaxed), 1_000_000);
+    assert_eq!(state.tokens_ns.load(Relaxed), -500_000);
+}
