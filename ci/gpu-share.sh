@@ -21,11 +21,12 @@ ts() { "$S/test_streams" --progress --seconds 600 "$@"; }
 for sec in "${sections[@]}"; do
     case $sec in
     threads) for n in 1 2 4 8; do run $PY --name "threads_$n" -- $S/test_streams --progress --seconds 600 --threads $n --us 1000; done ;;
-    streams) for n in 1 2 4 8; do run $PY --name "async_streams_$n" -- $S/test_streams --progress --seconds 600 --streams $n --sync-every 0 --us 1000; done ;;
+    # Fresh processes: switched at run time, an uncapped deep async queue would still be draining.
+    streams) for n in 1 2 4 8; do run $PY --name "async_streams_$n" --fresh 1 -- $S/test_streams --progress --seconds 600 --streams $n --sync-every 0 --us 1000; done ;;
     repeat) MEASURE=3 WARM=1.5 run $PY --name async_0.3-3ms --fresh 10 -- $S/test_streams --progress --seconds 600 --sync-every 0 --us 300 --us-max 3000 ;;
     random) run $PY --name random_10us-5ms -- $S/test_streams --progress --seconds 600 --us 10 --us-max 5000 ;;
     procs) run $PY --name four_procs_threads_2 --procs 4 -- $S/test_streams --progress --seconds 600 --threads 2 --us 1000 ;;
-    torch) for k in matmul gpt2 resnet graph; do run $PY --name "torch_$k" -- $W $k; done ;;
+    torch) for k in ${TORCH_KINDS:-matmul gpt2 resnet graph}; do run $PY --name "torch_$k" -- $W $k; done ;;
     compile) run $PY --name torch_compile -- $W compile ;;
     *) echo "unknown section $sec" >&2; exit 2 ;;
     esac

@@ -43,6 +43,24 @@ class Nvml:
         assert self.lib.nvmlDeviceGetUtilizationRates(self.h, u) == 0
         return u[0]
 
+    def sm_clock_mhz(self):
+        c = ctypes.c_uint()
+        return c.value if self.lib.nvmlDeviceGetClockInfo(self.h, 1, ctypes.byref(c)) == 0 else 0
+
+
+# The region's device-0 limiter state: total busy ns the container charged (libvgpu's own view,
+# kept beside NVML's to tell a measurement gap from a control gap).
+TOTAL_BUSY_OFFSET = 2_009_536 + 48
+
+
+def own_busy_ns(region):
+    try:
+        with open(region, "rb") as f:
+            f.seek(TOTAL_BUSY_OFFSET)
+            return int.from_bytes(f.read(8), "little")
+    except OSError:
+        return 0
+
 
 class Proc:
     """A workload process; collects its progress lines."""
@@ -78,17 +96,25 @@ def shrreg(region, *args):
     subprocess.run([f"{DIST}/tools/shrreg-tool", "--file", region, *args], check=True, capture_output=True)
 
 
-def measure(nvml, procs):
-    """Warm up, then sample NVML each second for MEASURE s; returns (utils, throughput/s)."""
+LAST = {}
+
+
+def measure(nvml, procs, region=None):
+    """Warm up, then sample NVML each second for MEASURE s; returns (utils, throughput/s).
+    Also keeps the mean SM clock and libvgpu's own utilization in LAST."""
     time.sleep(WARM)
     t0 = time.monotonic()
-    utils = []
+    b0 = own_busy_ns(region) if region else 0
+    utils, clocks = [], []
     while time.monotonic() - t0 < MEASURE - 0.01:
         time.sleep(1.0)
         utils.append(nvml.util())
+        clocks.append(nvml.sm_clock_mhz())
     t1 = time.monotonic()
+    b1 = own_busy_ns(region) if region else 0
     time.sleep(0.3)  # the next progress line brackets t1
     work = sum(p.at(t1) - p.at(t0) for p in procs)
+    LAST.update(sm_mhz=round(sum(clocks) / len(clocks)), own_util=round(100 * (b1 - b0) / 1e9 / (t1 - t0), 1))
     return utils, work / (t1 - t0)
 
 
@@ -101,6 +127,7 @@ def judge(name, cap, u0, k0, utils, k, extra=None):
     ok_k = want_k > 0 and abs(tput / want_k - 1.0) <= 0.05
     rec = dict(name=name, cap=cap, u0=round(u0, 1), util=round(u, 1), util_min=min(utils), util_max=max(utils),
                tput=round(tput, 3), want_tput=round(want_k, 3), ok=ok_u and ok_k, ok_util=ok_u, ok_tput=ok_k)
+    rec.update(LAST)
     if extra:
         rec.update(extra)
     print(" ".join(f"{a}={b}" for a, b in rec.items()), flush=True)
@@ -161,7 +188,7 @@ def main():
             for run in range(fresh):
                 region = f"{tmp}/r-{cap}-{run}"
                 procs = start(cmd, child_env(region, cap), nproc)
-                utils, k = measure(nvml, procs)
+                utils, k = measure(nvml, procs, region)
                 stop(procs)
                 ok &= judge(name, cap, u0, k0, utils, k, {"run": run})
     else:
@@ -170,10 +197,10 @@ def main():
         try:
             utils0, k0 = measure(nvml, procs)
             u0 = sum(utils0) / len(utils0)
-            print(f"name={name} phase=uncapped u0={u0:.1f} rate={k0:.2f} samples={utils0}", flush=True)
+            print(f"name={name} phase=uncapped u0={u0:.1f} rate={k0:.2f} samples={utils0} sm_mhz={LAST['sm_mhz']}", flush=True)
             for cap in caps:
                 shrreg(region, "--set-sm-limit", "0", str(cap))
-                utils, k = measure(nvml, procs)
+                utils, k = measure(nvml, procs, region)
                 ok &= judge(name, cap, u0, k0, utils, k)
         finally:
             stop(procs)

@@ -14,6 +14,7 @@
 //! * a launch waits while the container's bucket (refilled at cap x wall time) is in debt.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Bucket, CapPercent, Clock, DEBT_SLEEP_NS, MAX_HOLD_NS};
 
@@ -269,14 +270,19 @@ impl<E: Copy> Meter<E> {
             let due = self.streams[i].head_expected_end();
             return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
-        // 2. Budget.
+        // 2. Budget: closed until the debt is repaid, for every thread and process alike.
+        let closed = bucket.s.closed_until_ns.load(Relaxed);
+        if now < closed {
+            return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+        }
         bucket.refill(now, cap as u32);
         let balance = bucket.balance();
         if balance >= -DEBT_SLEEP_NS {
             return Step::Go;
         }
-        let debt = balance.unsigned_abs();
-        Step::Wait((debt.saturating_mul(100) / cap).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
+        let until = now + balance.unsigned_abs().saturating_mul(100) / cap;
+        bucket.s.closed_until_ns.fetch_max(until, Relaxed);
+        Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
     }
 
     /// Does a launch on `key` start an idle stream? Then the glue records a start event before

@@ -45,8 +45,12 @@ pub struct SharedDeviceState {
     pub total_busy_ns: AtomicU64,
     /// Latest launch on this device by any process of the container (clock::now_ns).
     pub last_launch_ns: AtomicU64,
+    /// The container's launches wait until then (set by whoever found the bucket in debt):
+    /// every thread and process resumes at the same instant, so kernels that ran side by side
+    /// uncapped still do under the cap.
+    pub closed_until_ns: AtomicU64,
     /// Room to grow without changing the extension layout.
-    pub reserved: [AtomicU64; 8],
+    pub reserved: [AtomicU64; 7],
 }
 
 const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);

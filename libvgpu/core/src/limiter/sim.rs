@@ -1,5 +1,6 @@
 //! The policy against a simulated GPU: virtual time, one in-order queue per stream, kernels of
-//! one device executing one at a time (a full-GPU kernel, as on the mock), launch and
+//! one process running side by side while they fit (each takes a fraction of the GPU), kernels
+//! of different processes never at once (time-slicing), launch and
 //! synchronize costs like a real driver, sleeps that overshoot like Linux timer slack, and any
 //! number of threads and processes scheduled as discrete events. Checks that every launch
 //! pattern gets min(cap, u0) of the GPU and min(1, cap/u0) of its uncapped throughput.
@@ -26,6 +27,8 @@ struct Gpu {
     next_ev: u64,
     /// (start, end) of every kernel.
     kernels: Vec<(u64, u64)>,
+    /// Kernels not yet finished: (start, end, fraction of the GPU in per-mille, process).
+    active: Vec<(u64, u64, u64, usize)>,
 }
 type World = Rc<RefCell<Gpu>>;
 
@@ -58,11 +61,13 @@ struct Pattern {
     sync_every: u64,
     /// CPU time after each launch (host work between kernels).
     cpu_ns: u64,
+    /// Fraction of the GPU one kernel occupies (per mille): two 500s of one process run at once.
+    frac: u64,
 }
 
 impl Pattern {
     fn fixed(kernel_ns: u64, sync_every: u64) -> Self {
-        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: 0 }
+        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: 0, frac: 1000 }
     }
 }
 
@@ -126,15 +131,14 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
         let key = th.base + th.launches % th.pat.streams;
         match p.meter.gate(&mut p.evs, &bucket, cap, key, now) {
             Step::Wait(ns) => {
-                th.ready = now + if ns < SPIN_WAIT_NS { PAUSE_NS } else { ns + SLEEP_OVERSHOOT_NS };
+                // Timer slack varies from wake-up to wake-up (and from thread to thread).
+                let jitter = xorshift(&mut th.rng) % SLEEP_OVERSHOOT_NS;
+                th.ready = now + if ns < SPIN_WAIT_NS { PAUSE_NS } else { ns + SLEEP_OVERSHOOT_NS / 2 + jitter };
             }
             Step::Go => {
                 let dur = if th.pat.random {
-                    th.rng ^= th.rng << 13;
-                    th.rng ^= th.rng >> 7;
-                    th.rng ^= th.rng << 17;
                     let (lo, hi) = (th.pat.kernel_ns[0], th.pat.kernel_ns[1]);
-                    lo + th.rng % (hi - lo)
+                    lo + xorshift(&mut th.rng) % (hi - lo)
                 } else {
                     th.pat.kernel_ns[(th.launches % th.pat.kernel_ns.len() as u64) as usize]
                 };
@@ -151,9 +155,9 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
                     });
                     g.now += LAUNCH_CPU_NS;
                     let s_end = *g.stream_end.get(&key).unwrap_or(&0);
-                    let start = (submit + LAUNCH_LATENCY_NS).max(s_end).max(g.busy_until);
+                    let start = place(&mut g, (submit + LAUNCH_LATENCY_NS).max(s_end), dur, th.pat.frac, th.proc);
                     let kend = start + dur;
-                    g.busy_until = kend;
+                    g.busy_until = g.busy_until.max(kend);
                     g.stream_end.insert(key, kend);
                     g.kernels.push((start, kend));
                     g.next_ev += 1;
@@ -168,7 +172,7 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
                     // Blocks until every stream of this thread is done.
                     let g = w.borrow();
                     let done = (0..th.pat.streams).map(|s| *g.stream_end.get(&(th.base + s)).unwrap_or(&0)).max().unwrap();
-                    th.ready = now.max(done + SYNC_RETURN_NS);
+                    th.ready = now.max(done + SYNC_RETURN_NS + xorshift(&mut th.rng) % 20_000);
                     th.syncing = true;
                 } else {
                     th.ready = now;
@@ -178,11 +182,23 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
     }
     let mut out = vec![(0u64, 0u64); secs as usize];
     let weighted = threads.iter().any(|t| t.1.random);
-    for &(s, e) in w.borrow().kernels.iter() {
+    let mut ks = w.borrow().kernels.clone();
+    for &(s, e) in ks.iter() {
         if e > T0 && e <= end {
             // Throughput: kernels, or GPU work done when kernel lengths vary.
             out[((e - 1 - T0) / SEC) as usize].0 += if weighted { (e - s) / 1000 } else { 1 };
         }
+    }
+    // Utilization: the union of kernel time (kernels running side by side count once).
+    ks.sort();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in ks {
+        match merged.last_mut() {
+            Some(m) if s <= m.1 => m.1 = m.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    for &(s, e) in merged.iter() {
         let mut t = s.max(T0);
         while t < e.min(end) {
             let sec = (t - T0) / SEC;
@@ -192,6 +208,35 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
         }
     }
     out
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Earliest start at or after `t0` where a kernel of `dur` taking `frac` of the GPU fits: beside
+/// kernels of its own process while the fractions add up to at most the whole GPU, never beside
+/// another process's.
+fn place(g: &mut Gpu, t0: u64, dur: u64, frac: u64, proc: usize) -> u64 {
+    if frac >= 1000 {
+        // A whole-GPU kernel runs beside nothing: after everything queued (cheap for deep queues).
+        return t0.max(g.busy_until);
+    }
+    let now = g.now;
+    g.active.retain(|k| k.1 > now);
+    let mut cands: Vec<u64> = std::iter::once(t0).chain(g.active.iter().map(|k| k.1).filter(|&e| e > t0)).collect();
+    cands.sort();
+    for c in cands {
+        let over: Vec<_> = g.active.iter().filter(|k| k.0 < c + dur && k.1 > c).collect();
+        if over.iter().all(|k| k.3 == proc) && over.iter().map(|k| k.2).sum::<u64>() + frac <= 1000 {
+            g.active.push((c, c + dur, frac, proc));
+            return c;
+        }
+    }
+    unreachable!("the last end always fits")
 }
 
 /// Mean kernels/s and utilization (%) over seconds `from..`.
@@ -238,6 +283,14 @@ fn one_stream_delivers_the_cap(
 fn threads_on_their_own_streams_share_one_cap(#[values(2, 4, 8)] n: usize) {
     let threads: Vec<_> = (0..n).map(|_| (0, Pattern::fixed(1_000_000, 1))).collect();
     check(&format!("{n} threads"), &threads, 6, &[25, 50]);
+}
+
+#[rstest::rstest]
+fn threads_whose_kernels_run_side_by_side_keep_their_overlap(#[values(2, 4)] n: usize) {
+    // Half-GPU kernels (as 4 blocks of 256 threads per SM are on an H100): uncapped, two run at
+    // once; capped, the throughput must still be cap x the uncapped one.
+    let threads: Vec<_> = (0..n).map(|_| (0, Pattern { frac: 500, ..Pattern::fixed(1_000_000, 1) })).collect();
+    check(&format!("{n} threads, half-GPU kernels"), &threads, 6, &[25, 50]);
 }
 
 #[rstest::rstest]
