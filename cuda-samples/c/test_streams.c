@@ -15,6 +15,7 @@
  *   --stream-kind K    nonblocking (default), blocking, priority, legacy (stream 0 shared by
  *                      all threads), per-thread (CU_STREAM_PER_THREAD)
  *   --seconds S        run time (default 5)
+ *   --gap-us US        host busy-wait after each launch (and its synchronize): CPU time between kernels
  *   --progress         print `progress t=<CLOCK_MONOTONIC s> n=<GPU ms launched>` every 250 ms
  *
  * Output: the configuration, then at the end total_kernels= gpu_ms= (sum of kernel lengths)
@@ -37,6 +38,7 @@ static int threads = 1, streams = 1, sync_every = 1, seconds = 5, blocks = 0;
 static double us = 1000.0, us_max = 0.0;
 static const char *sync_by = "stream", *stream_kind = "nonblocking";
 static int progress = 0;
+static double gap_us = 0.0;
 static uint64_t t_start, t_stop;
 
 struct worker {
@@ -103,6 +105,11 @@ static void *run(void *arg)
             sync_stream(w, w->s[i]);
             since[i] = 0;
         }
+        if (gap_us > 0) {
+            uint64_t until = now_ns() + (uint64_t)(gap_us * 1000.0);
+            while (now_ns() < until)
+                ;
+        }
     }
     for (int i = 0; i < streams; i++)
         sync_stream(w, w->s[i]);
@@ -122,6 +129,7 @@ int main(int argc, char **argv)
         {"--stream-kind", OPT_STR, &stream_kind, "nonblocking | blocking | priority | legacy | per-thread"},
         {"--seconds", OPT_INT, &seconds, "run time in seconds (default 5)"},
         {"--progress", OPT_FLAG, &progress, "print launched GPU ms every 250 ms"},
+        {"--gap-us", OPT_DOUBLE, &gap_us, "host busy-wait after each launch (CPU time between kernels)"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Launch the spin kernel from threads and streams; print the throughput.");

@@ -10,7 +10,7 @@
 //! launch really ran on the GPU.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, StreamKey};
@@ -28,6 +28,40 @@ pub(crate) static GATE: AtomicBool = AtomicBool::new(false);
 pub(crate) static LAUNCHED: AtomicBool = AtomicBool::new(false);
 /// Another tenant is using device d (set by the monitor from NVML).
 pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// Counters for the debug log (`LIBCUDA_LOG_LEVEL=4`): where gated launches went.
+#[derive(Default)]
+pub(crate) struct GateCounters {
+    pub gated: AtomicU64,
+    pub untracked_stream: AtomicU64,
+    pub captured: AtomicU64,
+    pub events: AtomicU64,
+    pub record_failed: AtomicU64,
+    pub lost: AtomicU64,
+}
+pub(crate) static COUNTERS: GateCounters = GateCounters {
+    gated: AtomicU64::new(0),
+    untracked_stream: AtomicU64::new(0),
+    captured: AtomicU64::new(0),
+    events: AtomicU64::new(0),
+    record_failed: AtomicU64::new(0),
+    lost: AtomicU64::new(0),
+};
+
+impl GateCounters {
+    pub(crate) fn summary(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        format!(
+            "gated={} untracked_stream={} captured={} events={} record_failed={} lost={}",
+            g(&self.gated),
+            g(&self.untracked_stream),
+            g(&self.captured),
+            g(&self.events),
+            g(&self.record_failed),
+            g(&self.lost)
+        )
+    }
+}
 
 /// What `before_launch` decided, handed back to `after_launch`.
 #[derive(Clone, Copy, Default)]
@@ -182,9 +216,11 @@ impl EventClocks {
         let c = self.ctxs.get_mut(ctx)?;
         let ev = c.event()?;
         if driver::event_record(ev, stream) == CUDA_SUCCESS {
+            COUNTERS.events.fetch_add(1, Relaxed);
             return Some(Ev { ev, ctx });
         }
         c.free.push(ev);
+        COUNTERS.record_failed.fetch_add(1, Relaxed);
         self.failures += 1;
         if self.failures == 1 {
             vgpu_core::warn!("cannot record a timing event; launches are charged up to the next synchronize");
@@ -201,9 +237,15 @@ impl Events for EventClocks {
         match driver::event_query(e.ev) {
             CUDA_SUCCESS => {}
             CUDA_ERROR_NOT_READY => return EventState::Pending,
-            _ => return EventState::Lost, // e.g. the context was destroyed: never wait on it
+            _ => {
+                COUNTERS.lost.fetch_add(1, Relaxed);
+                return EventState::Lost; // e.g. the context was destroyed: never wait on it
+            }
         }
-        let Some(ms) = driver::event_elapsed_ms(c.anchor, e.ev) else { return EventState::Lost };
+        let Some(ms) = driver::event_elapsed_ms(c.anchor, e.ev) else {
+            COUNTERS.lost.fetch_add(1, Relaxed);
+            return EventState::Lost;
+        };
         let t = (c.anchor_ns as i128 + (ms as f64 * 1e6) as i128).max(0) as u64;
         if t.saturating_sub(c.anchor_ns) >= REANCHOR_NS {
             // Chain the anchor forward: this event's host time is as good as the anchor's.
@@ -300,10 +342,15 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
     crate::monitor::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
     // A launch into a capture does not run now (the graph's launch is gated instead).
+    COUNTERS.gated.fetch_add(1, Relaxed);
     if driver::stream_is_capturing(stream) {
+        COUNTERS.captured.fetch_add(1, Relaxed);
         return LaunchTicket::default();
     }
-    let Some((key, record_on, ctx)) = resolve_stream(stream, ptsz) else { return LaunchTicket::default() };
+    let Some((key, record_on, ctx)) = resolve_stream(stream, ptsz) else {
+        COUNTERS.untracked_stream.fetch_add(1, Relaxed);
+        return LaunchTicket::default();
+    };
     let bucket = ps.region.bucket(dev);
     let cap = crate::monitor::effective_cap(rt, ps, dev);
     let contended = CONTENDED[dev].load(Relaxed);
@@ -315,7 +362,10 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     });
     let mut g = lock(dev);
     let g = &mut *g;
-    let Some(ctx) = g.events.ctx_index(ctx) else { return LaunchTicket::default() };
+    let Some(ctx) = g.events.ctx_index(ctx) else {
+        COUNTERS.untracked_stream.fetch_add(1, Relaxed);
+        return LaunchTicket::default();
+    };
     let start_ev = if g.meter.wants_start_event(key) { driver::with_relaxed_capture(|| g.events.record(ctx, record_on)) } else { None };
     let submit_ns = vgpu_core::clock::fast_now_ns();
     // Shared line: written at most once a millisecond, not on every launch.

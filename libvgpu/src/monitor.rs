@@ -105,6 +105,9 @@ fn run(rt: &'static Runtime) {
             }
             observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
         }
+        if GATE.load(Relaxed) {
+            vgpu_core::debug!("launch gate: {}", crate::launch::COUNTERS.summary());
+        }
         let ext = ps.region.slot_ext(ps.slot);
         ext.busy_ns.store(stats.iter().map(|s| s.busy_ns).sum(), Relaxed);
         ext.launches.store(stats.iter().map(|s| s.launches).sum(), Relaxed);

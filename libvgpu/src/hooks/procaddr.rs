@@ -33,12 +33,17 @@ pub fn hook_for_pointer(real: *mut c_void) -> Option<*mut c_void> {
     map.binary_search_by_key(&key, |e| e.0).ok().and_then(|i| map.get(i)).map(|e| e.1 as *mut c_void)
 }
 
-unsafe fn swap(pfn: *mut *mut c_void) {
+unsafe fn swap(pfn: *mut *mut c_void, symbol: *const c_char, cuda_version: i32, flags: cuuint64_t) {
     if pfn.is_null() || (*pfn).is_null() {
         return;
     }
     if let Some(h) = hook_for_pointer(*pfn) {
         *pfn = h;
+    } else if vgpu_core::log::enabled(vgpu_core::log::DEBUG) && !symbol.is_null() {
+        let name = std::ffi::CStr::from_ptr(symbol).to_string_lossy();
+        if HOOKS.iter().any(|h| h.name.to_bytes().starts_with(name.as_bytes())) {
+            vgpu_core::debug!("cuGetProcAddress({name}, {cuda_version}, {flags}): not one of the hooked exports; passed through");
+        }
     }
 }
 
@@ -52,7 +57,7 @@ pub unsafe fn get_proc_address(
 ) -> CUresult {
     let r = real(symbol, pfn, cuda_version, flags);
     if r == CUDA_SUCCESS {
-        swap(pfn);
+        swap(pfn, symbol, cuda_version, flags);
     }
     r
 }
@@ -68,7 +73,7 @@ pub unsafe fn get_proc_address_v2(
 ) -> CUresult {
     let r = real(symbol, pfn, cuda_version, flags, status);
     if r == CUDA_SUCCESS {
-        swap(pfn);
+        swap(pfn, symbol, cuda_version, flags);
     }
     r
 }
