@@ -76,6 +76,8 @@ pub struct Func {
 pub struct Node {
     pub blocks: u64,
     pub wave_ns: u64,
+    /// Threads per block (how much of an SM a block takes).
+    pub threads: u64,
 }
 
 #[derive(Default)]
@@ -529,12 +531,18 @@ impl Proc {
         } else {
             h.kernel_ns
         };
-        Ok(Node { blocks: grid.iter().map(|&g| g as u64).product(), wave_ns })
+        Ok(Node { blocks: grid.iter().map(|&g| g as u64).product(), wave_ns, threads })
     }
 
     pub fn node_duration(st: &GpuState, d: usize, n: Node) -> u64 {
         let per_wave = st.device(d).sms.max(1) as u64 * 4;
         n.blocks.div_ceil(per_wave).saturating_mul(n.wave_ns)
+    }
+
+    /// Does the kernel fit in half the GPU (2048 resident threads per SM)? Then another such
+    /// kernel of the process can run beside it.
+    pub fn node_is_half(st: &GpuState, d: usize, n: Node) -> bool {
+        n.blocks.saturating_mul(n.threads) <= st.device(d).sms.max(1) as u64 * 1024
     }
 
     /// Resolve a stream handle (0 / legacy / per-thread = the current context's default stream).
@@ -570,7 +578,8 @@ impl Proc {
             return Ok(Step::WaitThen(stream.pending[idx]));
         }
         for &n in nodes {
-            let (_, end) = st.enqueue(d, Self::node_duration(st, d, n));
+            let earliest = self.stream_mut(s)?.last_end;
+            let (_, end) = st.enqueue_kernel(d, Self::node_duration(st, d, n), earliest, Self::node_is_half(st, d, n));
             let stream = self.stream_mut(s)?;
             stream.pending.push_back(end);
             stream.last_end = stream.last_end.max(end);

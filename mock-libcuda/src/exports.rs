@@ -227,7 +227,7 @@ unsafe fn stream_sync(stream: Handle) -> CUresult {
 }
 
 unsafe fn stream_query(stream: Handle) -> CUresult {
-    run(|p, _| {
+    let r = run(|p, _| {
         let s = p.stream_mut(stream as u64)?;
         if s.capture.is_some() {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -236,7 +236,18 @@ unsafe fn stream_query(stream: Handle) -> CUresult {
             return Err(CUDA_ERROR_NOT_READY);
         }
         Ok(())
-    })
+    });
+    not_ready_pause(r)
+}
+
+/// A real query reads a completion word without holding any lock of the process; ours takes the
+/// mock's process lock. A thread busy-polling "not ready" would hold it nearly all the time and
+/// starve the process's other threads (not what a GPU program sees): give way after each miss.
+fn not_ready_pause(r: CUresult) -> CUresult {
+    if r == CUDA_ERROR_NOT_READY {
+        std::thread::yield_now();
+    }
+    r
 }
 
 unsafe fn stream_wait_event(stream: Handle, event: Handle, flags: c_uint) -> CUresult {
@@ -1015,13 +1026,13 @@ driver_exports! {
         event_record(event, stream)
     }
     "cuEventQuery" @ 2000 => fn cuEventQuery(event: Handle) {
-        run(|p, _| {
+        not_ready_pause(run(|p, _| {
             let e = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             if e.stamp.is_some_and(|t| now_ns() < t) {
                 return Err(CUDA_ERROR_NOT_READY);
             }
             Ok(())
-        })
+        }))
     }
     "cuEventSynchronize" @ 2000 => fn cuEventSynchronize(event: Handle) {
         sync_until(|p| Ok(p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.stamp.unwrap_or(0)))

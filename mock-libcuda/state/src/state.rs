@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, A
 use std::sync::{Mutex, MutexGuard};
 
 pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 #[repr(C)]
 pub struct Header {
@@ -36,6 +36,12 @@ pub struct Device {
     pub pci_bus: u32,
     /// End of the last kernel queued on this device (CLOCK_MONOTONIC ns).
     pub busy_until: AtomicU64,
+    /// Two half-GPU lanes: when each is free, and the slot (+1) whose kernel holds it. Kernels
+    /// of one process taking at most half the GPU run side by side (as two 4-blocks-per-SM
+    /// grids of 256 threads do on an H100); kernels of different processes never overlap
+    /// (the GPU time-slices contexts).
+    pub lane_end: [AtomicU64; 2],
+    pub lane_owner: [AtomicU64; 2],
 }
 
 #[repr(C)]
@@ -472,6 +478,11 @@ impl GpuState {
                 // back to the latest work of the live processes (CAS: a racing launch wins).
                 let tail = self.layout().slots[s].dev[d].last_end.load(Acquire);
                 let dev = self.device(d);
+                for (end, owner) in dev.lane_end.iter().zip(&dev.lane_owner) {
+                    if owner.load(Acquire) == s as u64 + 1 && end.load(Acquire) > now {
+                        end.store(now, Release);
+                    }
+                }
                 if tail > now && dev.busy_until.load(Acquire) == tail {
                     let others = (0..MAX_SLOTS)
                         .filter(|&o| o != s && self.slot_alive(o))
@@ -620,6 +631,44 @@ impl GpuState {
             i = (i + got + 1).div_ceil(step) * step;
         }
         None
+    }
+
+    /// Queue a kernel of `dur_ns` that cannot start before `earliest` (its stream's previous
+    /// work) and takes at most half the GPU (`half`) or more; returns (start, end). A half kernel
+    /// runs beside another half kernel of the same process, never beside another process's.
+    pub fn enqueue_kernel(&self, d: usize, dur_ns: u64, earliest: u64, half: bool) -> (u64, u64) {
+        let _held = self.lock(&[lock_dev(d)]);
+        let now = now_ns();
+        let dev = self.device(d);
+        let me = self.my_slot().map_or(0, |s| s as u64 + 1);
+        let t0 = earliest.max(now).max(if half { 0 } else { dev.busy_until.load(Acquire) });
+        let lane = |i: usize| dev.lane_end[i].load(Acquire);
+        let (start, lanes): (u64, &[usize]) = if half {
+            let i = if lane(0) <= lane(1) { 0 } else { 1 };
+            let j = 1 - i;
+            let mut start = t0.max(lane(i));
+            if dev.lane_owner[j].load(Acquire) != me {
+                start = start.max(lane(j));
+            }
+            (start, if i == 0 { &[0] } else { &[1] })
+        } else {
+            (t0.max(lane(0)).max(lane(1)), &[0, 1])
+        };
+        let end = start + dur_ns;
+        for &i in lanes {
+            dev.lane_end[i].store(end, Release);
+            dev.lane_owner[i].store(me, Release);
+        }
+        dev.busy_until.fetch_max(end, AcqRel);
+        if let Some(s) = self.my_slot() {
+            let sd = self.slot_dev(s, d);
+            // Busy time is the union: a kernel beside our own counts only past what is recorded.
+            let prev = sd.last_end.fetch_max(end, AcqRel);
+            if end > prev {
+                self.record_busy(sd, start.max(prev), end, now);
+            }
+        }
+        (start, end)
     }
 
     /// Queue `dur_ns` of work on device `d`'s timeline for our slot; returns (start, end).
