@@ -31,6 +31,7 @@ const SAMPLES: &[(&str, Link)] = &[
     ("bench_malloc", Link::Driver),
     ("test_meminfo", Link::Driver),
     ("test_fork", Link::Driver),
+    ("test_mem_escape", Link::Driver),
 ];
 
 const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"];

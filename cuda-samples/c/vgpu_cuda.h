@@ -241,7 +241,13 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
     X(CUresult, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \
-    X(CUresult, cuGraphDestroy, (CUgraph hGraph))
+    X(CUresult, cuGraphDestroy, (CUgraph hGraph)) \
+    X(CUresult, cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
+    X(CUresult, cuCtxDestroy_v2, (CUcontext ctx)) \
+    X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value)) \
+    X(CUresult, cuMemsetD32Async, (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
+    X(CUresult, cuDeviceGetGraphMemAttribute, (CUdevice device, int attr, void *value)) \
+    X(CUresult, cuDeviceGraphMemTrim, (CUdevice device))
 
 #define VGPU_DECLARE_CU(ret, name, params) ret name params;
 VGPU_CUDA_FUNCTIONS(VGPU_DECLARE_CU)
