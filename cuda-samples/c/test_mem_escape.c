@@ -9,12 +9,16 @@
  *   --green N      contexts: also create N green contexts (cuGreenCtxCreate; skipped if absent)
  *   --size SIZE    ctx-destroy: per-round allocation (300m); fork-hold: parent allocation (400m)
  *   --pause        at each check point wait for SIGUSR1 (SIGTERM ends the program)
+ *   --retain       vmm: retain chunk 0's handle from its address, unmap it, then release it
+ *   --nodes        graph: explicit cuGraphAddMemAllocNode / cuGraphAddMemFreeNode
+ *   --child-cuda   fork-hold: the forked child calls cuInit (and then sleeps)
  *   --device N     device ordinal (two-dev uses devices 0 and 1)
  *
  * Cases (what the device would hold without a faithful cap):
  *   vmm          cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess, then cuMemRelease
  *                right away (memory lives until also unmapped); --count chunks (6)
- *   pool         default pool with CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = max; cuMemAllocAsync 1g +
+ *   pool         512 MiB freed with the default threshold (given back at the sync), then the
+ *                default pool with CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = max; cuMemAllocAsync 1g +
  *                cuMemFreeAsync + sync (the pool keeps it), then cuMemAlloc up to the cap
  *   graph        cuMemAllocAsync 1g + cuMemFreeAsync captured into a graph (graph memory
  *                nodes), instantiated and launched, then cuMemAlloc up to the cap
@@ -43,7 +47,7 @@
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 
-static int opt_pause;
+static int opt_pause, opt_retain, opt_nodes, opt_child_cuda;
 static uint64_t opt_chunk, opt_size;
 static int opt_count = -1, opt_green;
 static struct gpu g;
@@ -121,7 +125,18 @@ static int case_vmm(void)
     }
     out("mapped=%zu stop=%s\n", mapped, mapped < n ? cu_name(r) : "max");
     check("mapped");
-    for (size_t i = 0; i < mapped; i++)
+    size_t first = 0;
+    if (opt_retain && mapped > 0) {
+        /* A reference taken from the address keeps the memory after its last unmap. */
+        CUmemGenericAllocationHandle h;
+        CHECK(cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)va));
+        CHECK(cuMemUnmap(va, chunk));
+        check("retained_unmapped");
+        CHECK(cuMemRelease(h));
+        check("retain_released");
+        first = 1;
+    }
+    for (size_t i = first; i < mapped; i++)
         CHECK(cuMemUnmap(va + i * chunk, chunk));
     CHECK(cuMemAddressFree(va, chunk * n));
     check("freed");
@@ -136,6 +151,12 @@ static int case_pool(void)
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CHECK(cuDeviceGetDefaultMemPool(&pool, g.dev));
     uint64_t max = UINT64_MAX, zero = 0;
+    /* Default threshold 0: the pool gives freed memory back at the next synchronize. */
+    CUdeviceptr q;
+    CHECK(cuMemAllocAsync(&q, 512 * MIB, s));
+    CHECK(cuMemFreeAsync(q, s));
+    CHECK(cuStreamSynchronize(s));
+    check("released_at_sync");
     CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
     CUdeviceptr p;
     CHECK(cuMemAllocAsync(&p, 1 << 30, s));
@@ -159,12 +180,26 @@ static int case_graph(void)
     CUgraph graph;
     CUgraphExec exec;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CUdeviceptr p;
-    CHECK(cuMemAllocAsync(&p, 1 << 30, s));
-    CHECK(cuMemsetD32Async(p, 0, 1024, s));
-    CHECK(cuMemFreeAsync(p, s));
-    CHECK(cuStreamEndCapture(s, &graph));
+    if (opt_nodes) {
+        /* Explicit nodes: cuGraphAddMemAllocNode + cuGraphAddMemFreeNode. */
+        CUDA_MEM_ALLOC_NODE_PARAMS np;
+        memset(&np, 0, sizeof np);
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = g.dev;
+        np.bytesize = 1 << 30;
+        CUgraphNode alloc_node, free_node;
+        CHECK(cuGraphCreate(&graph, 0));
+        CHECK(cuGraphAddMemAllocNode(&alloc_node, graph, NULL, 0, &np));
+        CHECK(cuGraphAddMemFreeNode(&free_node, graph, &alloc_node, 1, np.dptr));
+    } else {
+        CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        CUdeviceptr p;
+        CHECK(cuMemAllocAsync(&p, 1 << 30, s));
+        CHECK(cuMemsetD32Async(p, 0, 1024, s));
+        CHECK(cuMemFreeAsync(p, s));
+        CHECK(cuStreamEndCapture(s, &graph));
+    }
     CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
     CHECK(cuGraphLaunch(exec, s));
     CHECK(cuStreamSynchronize(s));
@@ -337,6 +372,8 @@ static int case_fork_hold(void)
         /* Never touches CUDA; keeps the inherited descriptors (and so the device files) open. */
         if (!freopen("/dev/null", "w", stdout))
             _exit(1);
+        if (opt_child_cuda)
+            (void)cuInit(0); /* any driver call in the forked image (it may fail: that is fine) */
         for (;;)
             pause();
     }
@@ -409,6 +446,9 @@ int main(int argc, char **argv)
         {"--green", OPT_INT, &opt_green, "contexts: green contexts to create too"},
         {"--size", OPT_SIZE, &opt_size, "ctx-destroy / fork-hold allocation"},
         {"--pause", OPT_FLAG, &opt_pause, "wait for SIGUSR1 at each check point"},
+        {"--retain", OPT_FLAG, &opt_retain, "vmm: also retain a handle from its address and unmap it"},
+        {"--nodes", OPT_FLAG, &opt_nodes, "graph: explicit cuGraphAddMemAllocNode/FreeNode instead of capture"},
+        {"--child-cuda", OPT_FLAG, &opt_child_cuda, "fork-hold: the child calls cuInit"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Memory patterns that must stay under the cap (issue 11).");
