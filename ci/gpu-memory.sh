@@ -48,6 +48,7 @@ fi
 echo "logs=$LOG dist=$DIST commit=$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown) device=$DEVICE"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "$DEVICE"
 pass=0 fail=0 skip=0
+t_start=$(date +%s)
 verdict() { # verdict PASS|FAIL|SKIP name details...
     echo "$*"
     case $1 in PASS) pass=$((pass + 1)) ;; FAIL) fail=$((fail + 1)) ;; *) skip=$((skip + 1)) ;; esac
@@ -86,6 +87,12 @@ escape_case() {
     exec {out}<&-
     grep -E '^(mapped|filled|contexts|green|big_alloc|graph_reserved|pool_filled|async_filled|cycle)=' "$log" | tr '\n' ' ' | sed "s/^/  $name: /"; echo
     grep -q '^result=PASS' "$log" || verdict FAIL "$name/result" "see $log"
+    # Every loop that stopped early must have stopped on a clean CUDA_ERROR_OUT_OF_MEMORY.
+    local stops bad
+    stops=$(grep -o 'stop=[A-Za-z_]*' "$log" | sed 's/stop=//' | sort -u | tr '\n' ' ')
+    bad=$(echo "$stops" | tr ' ' '\n' | grep -v -e '^$' -e '^max$' -e '^CUDA_ERROR_OUT_OF_MEMORY$' | head -1)
+    if [ -n "$bad" ]; then verdict FAIL "$name/oom" "stopped on $bad"
+    elif echo "$stops" | grep -q OUT_OF_MEMORY; then verdict PASS "$name/oom" "clean CUDA_ERROR_OUT_OF_MEMORY at the cap"; fi
     settle "$base" || echo "  note: host usage did not return to the baseline after $name"
 }
 
@@ -183,6 +190,6 @@ for section in "${sections[@]}"; do
     *) echo "unknown section $section" >&2 ;;
     esac
 done
-echo "summary pass=$pass fail=$fail skip=$skip"
+echo "summary pass=$pass fail=$fail skip=$skip seconds=$(($(date +%s) - t_start))"
 [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-memory-logs.tar.gz" -C "$LOG" . 2>/dev/null
 [ "$fail" -eq 0 ]
