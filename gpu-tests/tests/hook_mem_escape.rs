@@ -171,9 +171,18 @@ fn sleep_wake_cycles_stay_exact() {
 /// inherited device files, so the device keeps the parent's memory until the child exits (the
 /// commonly documented driver behaviour, which the mock follows); the hook's charge follows the
 /// device exactly, before and after the child exits. (Real-GPU confirmation: ci/gpu-memory.sh.)
+/// The orphaned forked child: SIGKILLed when dropped, so a failing test leaves nothing behind.
+struct Orphan(i32);
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
 /// Start `fork-hold` (400 MiB under a 1 GiB cap), SIGKILL the parent once it forked; returns
-/// the child's pid and what the device holds afterwards.
-fn fork_and_kill_parent(s: &Scratch, extra: &[&str]) -> (i32, u64) {
+/// the child and what the device holds afterwards.
+fn fork_and_kill_parent(s: &Scratch, extra: &[&str]) -> (Orphan, u64) {
     let mut parent = escape(s, "1g", &["--case", "fork-hold", "--size", "400m"]);
     parent.args(extra);
     let mut p = spawn(&mut parent);
@@ -184,17 +193,15 @@ fn fork_and_kill_parent(s: &Scratch, extra: &[&str]) -> (i32, u64) {
         assert!(reader.read_line(&mut l).unwrap_or(0) > 0, "parent ended early:\n{seen}");
         seen.push_str(&l);
     }
-    let child = num(&seen, "child_pid") as i32;
+    let child = Orphan(num(&seen, "child_pid") as i32);
     p.kill().unwrap();
     p.wait().unwrap();
     (child, device_used(&s.mock_state(), 0))
 }
 
 /// SIGKILL the orphaned child and wait until the device lets its memory go.
-fn kill_child_and_wait(s: &Scratch, child: i32) {
-    unsafe {
-        libc::kill(child, libc::SIGKILL);
-    }
+fn kill_child_and_wait(s: &Scratch, child: Orphan) {
+    drop(child);
     // The child is not ours (its parent died): wait until its descriptors are closed.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while device_used(&s.mock_state(), 0) != 0 && std::time::Instant::now() < deadline {
