@@ -99,16 +99,17 @@ pub fn current_context() -> u64 {
 }
 
 /// Device a stream belongs to: `cuStreamGetDevice` (CUDA >= 12.8), else the device of the
-/// stream's context (`cuStreamGetCtx`, then `cuCtxGetDevice_v2` or a push/get/pop of that
-/// context), else the current device.
-pub fn stream_device(stream: CUstream) -> Option<CUdevice> {
+/// stream's context (`cuStreamGetCtx`, then `known` (the caller's table of contexts it saw
+/// created), `cuCtxGetDevice_v2` (13.0) or a push/get/pop of that context), else the current
+/// device.
+pub fn stream_device(stream: CUstream, known: impl Fn(CUcontext) -> Option<CUdevice>) -> Option<CUdevice> {
     let mut d: CUdevice = 0;
     if call!(cuStreamGetDevice, fn(CUstream, *mut CUdevice) -> CUresult, stream, &mut d) == Some(CUDA_SUCCESS) {
         return Some(d);
     }
     let mut ctx: CUcontext = std::ptr::null_mut();
     if call!(cuStreamGetCtx, fn(CUstream, *mut CUcontext) -> CUresult, stream, &mut ctx) == Some(CUDA_SUCCESS) && !ctx.is_null() {
-        if let Some(d) = context_device(ctx) {
+        if let Some(d) = known(ctx).or_else(|| context_device(ctx)) {
             return Some(d);
         }
     }

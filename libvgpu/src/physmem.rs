@@ -261,13 +261,22 @@ unsafe fn pool_alloc(ps: &ProcState, dev: usize, pool: CUmemoryPool, stream: CUs
 
 pub unsafe fn mem_alloc_async(rt: &'static Runtime, real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
     let Some(ps) = rt.proc() else { return real(dptr, bytesize, stream) };
-    let Some(cudev) = driver::stream_device(stream) else { return real(dptr, bytesize, stream) };
+    let Some(cudev) = driver::stream_device(stream, |c| known_context_device(ps, c)) else {
+        return real(dptr, bytesize, stream);
+    };
     let Some(dev) = dev_index(ps, cudev) else { return real(dptr, bytesize, stream) };
     let Some(pool) = driver::device_mem_pool(cudev) else { return real(dptr, bytesize, stream) };
     if dptr.is_null() {
         return real(dptr, bytesize, stream);
     }
     pool_alloc(ps, dev, pool, stream, bytesize, "cuMemAllocAsync", || (real(dptr, bytesize, stream), *dptr))
+}
+
+/// The driver device of a context this process saw created (primary, created, green).
+fn known_context_device(ps: &ProcState, ctx: CUcontext) -> Option<CUdevice> {
+    let c = ps.contexts();
+    let idx = c.created.get(&(ctx as usize)).map(|&(d, _)| d).or_else(|| c.primary_ctx.iter().position(|&p| p != 0 && p == ctx as usize))?;
+    ps.device(idx).map(|d| d.handle)
 }
 
 pub unsafe fn mem_alloc_from_pool_async(rt: &'static Runtime, real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr,
