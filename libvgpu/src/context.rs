@@ -134,6 +134,7 @@ fn maybe_release_primary(ps: &ProcState, dev: usize) {
     };
     if let Some((bytes, ctx)) = released {
         context_gone(ps, dev, ctx as u64, bytes);
+        crate::physmem::settle_device(ps, dev);
     }
 }
 

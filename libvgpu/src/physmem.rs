@@ -215,7 +215,10 @@ fn settle_pool(ps: &ProcState, phys: &mut Phys, pool: usize, extra: u64) {
         return;
     };
     let Some(now) = driver::pool_reserved(pool as CUmemoryPool) else {
-        adjust(ps, p.dev, extra, 0);
+        // The driver no longer knows the pool (gone with a device reset): nothing is held.
+        let p = *p;
+        phys.pools.remove(&pool);
+        adjust(ps, p.dev, p.charged.saturating_add(extra), 0);
         return;
     };
     adjust(ps, p.dev, p.charged.saturating_add(extra), now);
@@ -370,6 +373,17 @@ pub unsafe fn device_pool(rt: &'static Runtime, real: unsafe extern "C" fn(*mut 
         }
     }
     r
+}
+
+/// Settle every pool and the graph memory of device `dev` (its primary context went: a reset
+/// may have freed them).
+pub fn settle_device(ps: &ProcState, dev: usize) {
+    let mut l = ps.ledgers();
+    let pools: Vec<usize> = l.phys.pools.iter().filter(|(_, p)| p.dev == dev).map(|(&k, _)| k).collect();
+    for p in pools {
+        settle_pool(ps, &mut l.phys, p, 0);
+    }
+    settle_graph(ps, &mut l.phys, dev);
 }
 
 // ---------------------------------------------------------------------------------------------
