@@ -32,6 +32,7 @@ const SAMPLES: &[(&str, Link)] = &[
     ("test_meminfo", Link::Driver),
     ("test_fork", Link::Driver),
     ("test_streams", Link::Driver),
+    ("test_mem_escape", Link::Driver),
 ];
 
 const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"];

@@ -1,6 +1,6 @@
 """Allocate 256 MiB CuPy arrays until OOM.
 
-usage: cupy_oom.py [--pool default|async|none] [--step-mib 256] [--max-gib N] [--device D]
+usage: cupy_oom.py [--pool default|async|none] [--step-mib 256] [--max-gib N] [--device D] [--hold-seconds S]
   default  cupy's MemoryPool (cudaMalloc underneath)
   async    cupy.cuda.MemoryAsyncPool (cudaMallocAsync, stream-ordered)
   none     no pool: every array is its own cudaMalloc
@@ -22,6 +22,8 @@ ap.add_argument("--pool", choices=["default", "async", "none"], default="default
 ap.add_argument("--step-mib", type=int, default=256)
 ap.add_argument("--max-gib", type=float, default=0)
 ap.add_argument("--device", type=int, default=0)
+ap.add_argument("--hold-seconds", type=float, default=0,
+                help="keep everything allocated this long after the loop (lets a sampler see the peak)")
 args = ap.parse_args()
 
 cupy.cuda.Device(args.device).use()
@@ -46,6 +48,9 @@ except cupy.cuda.runtime.CUDARuntimeError as e:  # without a pool: the raw cudaM
         fail(f"CUDARuntimeError:{str(e)[:200]}")
 except Exception as e:
     fail(f"{type(e).__name__}:{str(e).splitlines()[0][:200]}")
+if args.hold_seconds:
+    import time
+    time.sleep(args.hold_seconds)
 free, total = cupy.cuda.runtime.memGetInfo()
 out(allocated_mib=len(held) * args.step_mib, allocations=len(held), stop_reason=reason)
 out(mem_get_info_free=free, mem_get_info_total=total)

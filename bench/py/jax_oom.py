@@ -1,6 +1,6 @@
 """Allocate 256 MiB JAX arrays until the device is exhausted.
 
-usage: jax_oom.py [--mode noprealloc|prealloc|platform] [--step-mib 256] [--max-gib N]
+usage: jax_oom.py [--mode noprealloc|prealloc|platform] [--step-mib 256] [--max-gib N] [--hold-seconds S]
   noprealloc  XLA_PYTHON_CLIENT_PREALLOCATE=false (BFC allocator grows on demand)
   prealloc    XLA's default: reserve 75% of the memory the device reports at start-up
   platform    XLA_PYTHON_CLIENT_ALLOCATOR=platform (one cudaMalloc per buffer)
@@ -18,6 +18,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--mode", choices=["noprealloc", "prealloc", "platform"], default="noprealloc")
 ap.add_argument("--step-mib", type=int, default=256)
 ap.add_argument("--max-gib", type=float, default=0)
+ap.add_argument("--hold-seconds", type=float, default=0,
+                help="keep everything allocated this long after the loop (lets a sampler see the peak)")
 args = ap.parse_args()
 
 os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
@@ -48,6 +50,9 @@ except Exception as e:  # XlaRuntimeError / JaxRuntimeError: RESOURCE_EXHAUSTED
     msg = str(e)
     if "RESOURCE_EXHAUSTED" not in msg and "out of memory" not in msg.lower():
         fail(f"{type(e).__name__}:{msg.splitlines()[0][:200]}")
+if args.hold_seconds:
+    import time
+    time.sleep(args.hold_seconds)
 out(allocated_mib=len(held) * args.step_mib, allocations=len(held), stop_reason=reason)
 stats = dev.memory_stats() or {}
 out(bytes_in_use=stats.get("bytes_in_use", "unknown"),

@@ -1,6 +1,6 @@
 """Allocate 256 MiB CUDA tensors with PyTorch until OOM.
 
-usage: torch_oom.py [--mode default|expandable|async] [--step-mib 256] [--max-gib N] [--device D]
+usage: torch_oom.py [--mode default|expandable|async] [--step-mib 256] [--max-gib N] [--device D] [--hold-seconds S]
   default     the caching allocator (cudaMalloc underneath)
   expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (cuMemCreate/cuMemMap)
   async       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (stream-ordered pools)
@@ -23,6 +23,8 @@ ap.add_argument("--mode", choices=sorted(CONF), default="default")
 ap.add_argument("--step-mib", type=int, default=256)
 ap.add_argument("--max-gib", type=float, default=0, help="stop after this much (0 = until OOM)")
 ap.add_argument("--device", type=int, default=0)
+ap.add_argument("--hold-seconds", type=float, default=0,
+                help="keep everything allocated this long after the loop (lets a sampler see the peak)")
 args = ap.parse_args()
 
 # Must be set before torch initializes CUDA.
@@ -48,6 +50,9 @@ except torch.OutOfMemoryError:
     pass
 except Exception as e:  # anything but a clean OOM is a failure
     fail(f"{type(e).__name__}:{str(e).splitlines()[0][:200]}")
+if args.hold_seconds:
+    import time
+    time.sleep(args.hold_seconds)
 free, total = torch.cuda.mem_get_info(dev)
 out(allocated_mib=len(held) * args.step_mib, allocations=len(held), stop_reason=reason)
 out(mem_get_info_free=free, mem_get_info_total=total,

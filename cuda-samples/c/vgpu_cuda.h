@@ -159,6 +159,16 @@ typedef struct CUmemPoolProps_st {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* Graph memory nodes (CUDA 11.4+) */
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
 typedef enum CUjit_option_enum {
     CU_JIT_INFO_LOG_BUFFER = 3,
     CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4,
@@ -247,7 +257,17 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
     X(CUresult, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \
-    X(CUresult, cuGraphDestroy, (CUgraph hGraph))
+    X(CUresult, cuGraphDestroy, (CUgraph hGraph)) \
+    X(CUresult, cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
+    X(CUresult, cuCtxDestroy_v2, (CUcontext ctx)) \
+    X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value)) \
+    X(CUresult, cuMemsetD32Async, (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
+    X(CUresult, cuDeviceGetGraphMemAttribute, (CUdevice device, int attr, void *value)) \
+    X(CUresult, cuDeviceGraphMemTrim, (CUdevice device)) \
+    X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr)) \
+    X(CUresult, cuGraphCreate, (CUgraph *phGraph, unsigned int flags)) \
+    X(CUresult, cuGraphAddMemAllocNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)) \
+    X(CUresult, cuGraphAddMemFreeNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUdeviceptr dptr))
 
 #define VGPU_DECLARE_CU(ret, name, params) ret name params;
 VGPU_CUDA_FUNCTIONS(VGPU_DECLARE_CU)

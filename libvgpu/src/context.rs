@@ -1,22 +1,22 @@
 //! Context lifetime and context memory.
 //!
-//! A context costs device memory (about 0.5 GiB on an H200) that the host sees as the process's
-//! usage, so it is charged against the cap as `MemKind::Context`: when the first context of this
-//! process appears on a device (primary retain or `cuCtxCreate*`), we take the region's device
-//! lock, read the device's used memory from NVML, create the context, read it again and charge the
-//! difference (rounded up to 2 MiB, at most 4 GiB). When NVML lists this process's own PID (shared
-//! PID namespace) its per-process figure is used instead: exact even while other processes
-//! allocate or free during the measurement (it also records the host PID in the region). Without NVML, or when the difference is not
-//! plausible (negative: someone else freed memory meanwhile), `VGPU_CONTEXT_RESERVE` (default
-//! 512 MiB) is charged instead. The charge is unconditional (the memory exists already) and is
-//! released, together with every allocation still recorded on that device (the driver freed
-//! them with the context), when the last context of the device goes away. Context creation is
-//! never refused.
+//! Every context costs device memory (about 0.5 GiB on an H200) that the host sees as the
+//! process's usage, so each is charged against the cap as `MemKind::Context` while it lives: a
+//! primary context from its first retain to its last release (or reset), every created context
+//! (`cuCtxCreate*`) and green context (`cuGreenCtxCreate`) from creation to destruction. The
+//! charge is measured: under the region's device lock we read NVML, create the context, read it
+//! again. NVML's figure for this very process (when it lists our PID: shared PID namespace) gives
+//! the exact difference even while other processes allocate; else the device's used memory
+//! (rounded up to 2 MiB, at most 4 GiB); else (no NVML, implausible difference)
+//! `VGPU_CONTEXT_RESERVE` (default 512 MiB). A context that does not fit under a cap that could
+//! hold it is given back and refused with `CUDA_ERROR_OUT_OF_MEMORY`, as a full GPU answers.
+//! Destroying a context releases its charge and every allocation recorded in it (the driver frees
+//! them with the context).
 
 use crate::driver;
 use crate::ffi::*;
 use crate::hooks::table::sig;
-use crate::memory::{dev_index, drain_device};
+use crate::memory::{dev_index, drain_ctx};
 use crate::runtime::{ProcState, Runtime};
 use std::ffi::{c_int, c_uint};
 use vgpu_core::ledger::accounted_size;
@@ -43,22 +43,15 @@ pub fn context_charge(before: Option<u64>, after: Option<u64>, default: u64) -> 
     }
 }
 
-/// Create a context through `create` (returns the driver result), charging context memory if it
-/// is the first context of this process on `dev`. `on_success` records the new reference.
-/// A context that does not fit under a cap that could hold it (others filled it) is given back
-/// with `undo` and refused with `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers when a full
-/// GPU has no room for one: processes starting late cannot push the container over its cap.
-fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl FnOnce() -> CUresult,
-    undo: impl FnOnce(), on_success: impl FnOnce(&mut crate::runtime::Contexts)) -> CUresult {
-    if ps.contexts().active[dev] {
-        let r = create();
-        if r == CUDA_SUCCESS {
-            on_success(&mut ps.contexts());
-        }
-        return r;
-    }
-    // First context on this device (as far as we know): measure under the device lock so no
-    // other process of the container changes the device's usage meanwhile through us.
+/// Create a context on `dev` through `create` (returns the driver result) and charge its memory.
+/// `on_success` records it with the bytes charged. A context that does not fit under a cap that
+/// could hold it (others filled it) is given back with `undo` and refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers when a full GPU has no room for one:
+/// processes and contexts starting late cannot push the container over its cap.
+fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl FnOnce() -> CUresult,
+    undo: impl FnOnce(), on_success: impl FnOnce(&mut crate::runtime::Contexts, u64)) -> CUresult {
+    // Measure under the device lock so no other process of the container changes the device's
+    // usage meanwhile through us.
     let guard = match ps.region.lock_device(dev) {
         Ok(g) => Some(g),
         Err(e) => {
@@ -66,18 +59,10 @@ fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: i
             None
         }
     };
-    if ps.contexts().active[dev] {
-        // Another thread charged it while we waited for the lock.
-        drop(guard);
-        let r = create();
-        if r == CUDA_SUCCESS {
-            on_success(&mut ps.contexts());
-        }
-        return r;
-    }
     let info = ps.device(dev);
     let nvml = info.and_then(|d| driver::nvml_handle_by_uuid(&d.uuid));
     let before = nvml.and_then(driver::nvml_used);
+    let own_before = nvml.and_then(|h| driver::nvml_process_used(h, ps.pid));
     let r = create();
     if r != CUDA_SUCCESS {
         return r;
@@ -85,9 +70,12 @@ fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: i
     let after = nvml.and_then(driver::nvml_used);
     let default = rt.config.context_reserve(info.map_or(0, |d| d.physical_total));
     // Best source: NVML's per-process figure for this very process (exact, immune to other
-    // tenants), available when NVML lists our PID (shared PID namespace). The process holds
-    // nothing else on this device yet, this being its first context there.
-    let own = nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)).filter(|&b| b <= MAX_CONTEXT_BYTES);
+    // tenants), available when NVML lists our PID (shared PID namespace); not listed before the
+    // process's first context on the device: nothing held there yet.
+    let own = nvml
+        .and_then(|h| driver::nvml_process_used(h, ps.pid))
+        .map(|a| a.saturating_sub(own_before.unwrap_or(0)))
+        .filter(|&b| b <= MAX_CONTEXT_BYTES);
     let bytes = match own {
         Some(b) => {
             ps.region.set_hostpid(ps.slot, ps.pid as i32);
@@ -112,14 +100,8 @@ fn with_first_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: i
         None => charge_unlocked(ps, dev, bytes),
     }
     drop(guard);
-    let mut c = ps.contexts();
-    c.active[dev] = true;
-    c.charged[dev] = bytes;
-    on_success(&mut c);
-    drop(c);
-    vgpu_core::debug!(
-        "device {dev}: first context charged {bytes} bytes (NVML before {before:?}, after {after:?})"
-    );
+    on_success(&mut ps.contexts(), bytes);
+    vgpu_core::debug!("device {dev}: context charged {bytes} bytes (NVML before {before:?}, after {after:?})");
     r
 }
 
@@ -132,22 +114,27 @@ fn charge_unlocked(ps: &ProcState, dev: usize, bytes: u64) {
     }
 }
 
-/// After a context reference went away: if none is left on `dev`, release the context charge and
-/// everything still recorded on the device.
-fn maybe_release_device(ps: &ProcState, dev: usize) {
+/// A context went: release its charge and everything allocated in it.
+fn context_gone(ps: &ProcState, dev: usize, ctx: u64, bytes: u64) {
+    ps.region.release(ps.slot, dev, MemKind::Context, bytes);
+    drain_ctx(ps, ctx);
+    vgpu_core::debug!("device {dev}: context destroyed, released {bytes} bytes of context memory and its allocations");
+}
+
+/// After a primary context reference went away: when none is left, the primary context is gone.
+fn maybe_release_primary(ps: &ProcState, dev: usize) {
     let released = {
         let mut c = ps.contexts();
-        if c.live_on(dev) || !c.active[dev] {
+        if c.primary_refs[dev] > 0 || !c.active[dev] {
             None
         } else {
             c.active[dev] = false;
-            Some(std::mem::take(&mut c.charged[dev]))
+            Some((std::mem::take(&mut c.charged[dev]), std::mem::take(&mut c.primary_ctx[dev])))
         }
     };
-    if let Some(bytes) = released {
-        ps.region.release(ps.slot, dev, MemKind::Context, bytes);
-        drain_device(ps, dev);
-        vgpu_core::debug!("device {dev}: last context gone, released {bytes} bytes of context memory");
+    if let Some((bytes, ctx)) = released {
+        context_gone(ps, dev, ctx as u64, bytes);
+        crate::physmem::settle_device(ps, dev);
     }
 }
 
@@ -167,7 +154,24 @@ pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtx
             unsafe { *pctx = std::ptr::null_mut() };
         }
     };
-    with_first_context_charge(rt, ps, d, || real(pctx, dev), undo, |c| c.primary_refs[d] = c.primary_refs[d].saturating_add(1))
+    let record = |c: &mut crate::runtime::Contexts, bytes: u64| {
+        c.primary_refs[d] = c.primary_refs[d].saturating_add(1);
+        c.charged[d] = c.charged[d].saturating_add(bytes);
+        c.active[d] = true;
+        if !pctx.is_null() {
+            // SAFETY: the driver wrote the primary context on success.
+            c.primary_ctx[d] = unsafe { *pctx } as usize;
+        }
+    };
+    if ps.contexts().primary_refs[d] > 0 {
+        // The primary context exists: a reference costs nothing.
+        let r = real(pctx, dev);
+        if r == CUDA_SUCCESS {
+            record(&mut ps.contexts(), 0);
+        }
+        return r;
+    }
+    with_context_charge(rt, ps, d, || real(pctx, dev), undo, record)
 }
 
 pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> CUresult {
@@ -181,7 +185,7 @@ pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCt
         let mut c = ps.contexts();
         c.primary_refs[d] = c.primary_refs[d].saturating_sub(1);
     }
-    maybe_release_device(ps, d);
+    maybe_release_primary(ps, d);
     r
 }
 
@@ -193,7 +197,7 @@ pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxR
     let Some(ps) = rt.proc_if_ready() else { return r };
     let Some(d) = dev_index(ps, dev) else { return r };
     ps.contexts().primary_refs[d] = 0;
-    maybe_release_device(ps, d);
+    maybe_release_primary(ps, d);
     r
 }
 
@@ -214,10 +218,10 @@ unsafe fn created(rt: &'static Runtime, pctx: *mut CUcontext, dev: CUdevice, cre
         }
         unsafe { *pctx = std::ptr::null_mut() };
     };
-    with_first_context_charge(rt, ps, d, create, undo, |c| {
+    with_context_charge(rt, ps, d, create, undo, |c, bytes| {
         // SAFETY: the driver wrote the new context on success.
         let ctx = unsafe { *pctx } as usize;
-        c.created.insert(ctx, d);
+        c.created.insert(ctx, (d, bytes));
     })
 }
 
@@ -245,11 +249,56 @@ pub unsafe fn ctx_destroy(rt: &'static Runtime, real: sig::cuCtxDestroy_v2, ctx:
         return r;
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
-    let dev = ps.contexts().created.remove(&(ctx as usize));
-    if let Some(d) = dev {
-        maybe_release_device(ps, d);
+    let gone = ps.contexts().created.remove(&(ctx as usize));
+    if let Some((d, bytes)) = gone {
+        context_gone(ps, d, ctx as u64, bytes);
     }
     r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Green contexts (CUDA 12.4+): contexts of their own, charged like created ones
+
+pub unsafe fn green_create(rt: &'static Runtime, real: sig::cuGreenCtxCreate, pctx: *mut CUgreenCtx, desc: CUdevResourceDesc,
+    dev: CUdevice, flags: c_uint) -> CUresult {
+    let Some(ps) = rt.proc() else { return real(pctx, desc, dev, flags) };
+    let Some(d) = dev_index(ps, dev) else { return real(pctx, desc, dev, flags) };
+    if pctx.is_null() {
+        return real(pctx, desc, dev, flags);
+    }
+    let undo = || {
+        if let Some(f) = crate::hooks::table::real::cuGreenCtxDestroy.get() {
+            // SAFETY: destroys the green context the driver just created and wrote to `pctx`.
+            let f: sig::cuGreenCtxDestroy = unsafe { std::mem::transmute(f) };
+            unsafe { f(*pctx) };
+        }
+        unsafe { *pctx = std::ptr::null_mut() };
+    };
+    with_context_charge(rt, ps, d, || real(pctx, desc, dev, flags), undo, |c, bytes| {
+        // SAFETY: the driver wrote the new green context on success.
+        c.created.insert(unsafe { *pctx } as usize, (d, bytes));
+    })
+}
+
+pub unsafe fn green_destroy(rt: &'static Runtime, real: sig::cuGreenCtxDestroy, green: CUgreenCtx) -> CUresult {
+    // Its allocations were made in its context (cuCtxFromGreenCtx), known only while it lives.
+    let ctx = driver::green_ctx_context(green).map_or(0, |c| c as u64);
+    let r = real(green);
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    let Some(ps) = rt.proc_if_ready() else { return r };
+    let gone = ps.contexts().created.remove(&(green as usize));
+    if let Some((d, bytes)) = gone {
+        context_gone(ps, d, alloc_ctx(ctx, green), bytes);
+    }
+    r
+}
+
+/// The context whose allocations a green context's destruction frees (its own handle when the
+/// driver could not say).
+fn alloc_ctx(ctx: u64, green: CUgreenCtx) -> u64 {
+    if ctx != 0 { ctx } else { green as u64 }
 }
 
 #[cfg(test)]

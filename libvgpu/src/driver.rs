@@ -21,12 +21,18 @@ static cuMemAdvise: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise");
 static cuCtxGetCurrent: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetCurrent");
 static cuStreamGetCtx: RealFn = RealFn::new(Lib::Cuda, c"cuStreamGetCtx");
 static cuStreamCreate: RealFn = RealFn::new(Lib::Cuda, c"cuStreamCreate");
-static cuStreamIsCapturing: RealFn = RealFn::new(Lib::Cuda, c"cuStreamIsCapturing");
 static cuThreadExchangeStreamCaptureMode: RealFn = RealFn::new(Lib::Cuda, c"cuThreadExchangeStreamCaptureMode");
 static cuEventCreate: RealFn = RealFn::new(Lib::Cuda, c"cuEventCreate");
 static cuEventRecord: RealFn = RealFn::new(Lib::Cuda, c"cuEventRecord");
 static cuEventQuery: RealFn = RealFn::new(Lib::Cuda, c"cuEventQuery");
 static cuEventElapsedTime: RealFn = RealFn::new(Lib::Cuda, c"cuEventElapsedTime");
+static cuCtxGetDevice_v2: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetDevice_v2");
+static cuCtxPushCurrent_v2: RealFn = RealFn::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
+static cuCtxPopCurrent_v2: RealFn = RealFn::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
+static cuStreamIsCapturing: RealFn = RealFn::new(Lib::Cuda, c"cuStreamIsCapturing");
+static cuMemPoolGetAttribute: RealFn = RealFn::new(Lib::Cuda, c"cuMemPoolGetAttribute");
+static cuDeviceGetGraphMemAttribute: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetGraphMemAttribute");
+static cuCtxFromGreenCtx: RealFn = RealFn::new(Lib::Cuda, c"cuCtxFromGreenCtx");
 
 static nvmlInit_v2: RealFn = RealFn::new(Lib::Nvml, c"nvmlInit_v2");
 static nvmlDeviceGetHandleByUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
@@ -88,11 +94,14 @@ pub fn current_device() -> Option<CUdevice> {
     (r == CUDA_SUCCESS).then_some(d)
 }
 
-/// The calling thread's current context.
-pub fn current_context() -> Option<CUcontext> {
+/// The calling thread's current context (0 when none).
+#[inline]
+pub fn current_context() -> u64 {
     let mut c: CUcontext = std::ptr::null_mut();
-    let r = call!(cuCtxGetCurrent, fn(*mut CUcontext) -> CUresult, &mut c)?;
-    (r == CUDA_SUCCESS && !c.is_null()).then_some(c)
+    match call!(cuCtxGetCurrent, fn(*mut CUcontext) -> CUresult, &mut c) {
+        Some(CUDA_SUCCESS) => c as u64,
+        _ => 0,
+    }
 }
 
 /// Context of an explicitly created stream.
@@ -108,12 +117,6 @@ pub fn stream_create_nonblocking() -> Option<CUstream> {
     let mut s: CUstream = std::ptr::null_mut();
     let r = call!(cuStreamCreate, fn(*mut CUstream, c_uint) -> CUresult, &mut s, CU_STREAM_NON_BLOCKING)?;
     (r == CUDA_SUCCESS).then_some(s)
-}
-
-/// Is `stream` being captured into a graph? (`false` when the driver cannot say.)
-pub fn stream_is_capturing(stream: CUstream) -> bool {
-    let mut status: c_int = 0;
-    call!(cuStreamIsCapturing, fn(CUstream, *mut c_int) -> CUresult, stream, &mut status) == Some(CUDA_SUCCESS) && status != 0
 }
 
 /// Run `f` with this thread's stream-capture mode set to relaxed, restoring it afterwards: our
@@ -151,13 +154,100 @@ pub fn event_elapsed_ms(start: CUevent, end: CUevent) -> Option<f32> {
     (r == CUDA_SUCCESS).then_some(ms)
 }
 
-/// Device a stream belongs to (`cuStreamGetDevice`, CUDA >= 12.8), else the current device.
-pub fn stream_device(stream: CUstream) -> Option<CUdevice> {
+
+/// Device a stream belongs to: `cuStreamGetDevice` (CUDA >= 12.8), else the device of the
+/// stream's context (`cuStreamGetCtx`, then `known` (the caller's table of contexts it saw
+/// created), `cuCtxGetDevice_v2` (13.0) or a push/get/pop of that context), else the current
+/// device.
+pub fn stream_device(stream: CUstream, known: impl Fn(CUcontext) -> Option<CUdevice>) -> Option<CUdevice> {
     let mut d: CUdevice = 0;
-    match call!(cuStreamGetDevice, fn(CUstream, *mut CUdevice) -> CUresult, stream, &mut d) {
-        Some(CUDA_SUCCESS) => Some(d),
-        _ => current_device(),
+    if call!(cuStreamGetDevice, fn(CUstream, *mut CUdevice) -> CUresult, stream, &mut d) == Some(CUDA_SUCCESS) {
+        return Some(d);
     }
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if call!(cuStreamGetCtx, fn(CUstream, *mut CUcontext) -> CUresult, stream, &mut ctx) == Some(CUDA_SUCCESS) && !ctx.is_null() {
+        if let Some(d) = known(ctx).or_else(|| context_device(ctx)) {
+            return Some(d);
+        }
+    }
+    current_device()
+}
+
+/// Device of context `ctx` (not necessarily current).
+pub fn context_device(ctx: CUcontext) -> Option<CUdevice> {
+    let mut d: CUdevice = 0;
+    match call!(cuCtxGetDevice_v2, fn(*mut CUdevice, CUcontext) -> CUresult, &mut d, ctx) {
+        Some(CUDA_SUCCESS) => return Some(d),
+        Some(_) => return None,
+        None => {}
+    }
+    if call!(cuCtxPushCurrent_v2, fn(CUcontext) -> CUresult, ctx) != Some(CUDA_SUCCESS) {
+        return None;
+    }
+    let dev = current_device();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    let _ = call!(cuCtxPopCurrent_v2, fn(*mut CUcontext) -> CUresult, &mut popped);
+    dev
+}
+
+/// Whether `stream` is capturing into a graph (work on it becomes graph nodes).
+pub fn stream_capturing(stream: CUstream) -> bool {
+    let mut st: c_int = 0;
+    call!(cuStreamIsCapturing, fn(CUstream, *mut c_int) -> CUresult, stream, &mut st) == Some(CUDA_SUCCESS) && st != 0
+}
+
+/// A 64-bit attribute of a memory pool.
+pub fn pool_attr(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
+    let mut v: u64 = 0;
+    let r = call!(cuMemPoolGetAttribute, fn(CUmemoryPool, c_int, *mut c_void) -> CUresult, pool, attr, &mut v as *mut u64 as *mut c_void)?;
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// Memory a pool reserves from the device (live allocations and what it keeps after frees).
+pub fn pool_reserved(pool: CUmemoryPool) -> Option<u64> {
+    pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+}
+
+/// The current pool of `dev` (where `cuMemAllocAsync` allocates), via the real function.
+pub fn device_mem_pool(dev: CUdevice) -> Option<CUmemoryPool> {
+    let f: sig::cuDeviceGetMemPool = unsafe { std::mem::transmute(hooked::cuDeviceGetMemPool.get()?) };
+    let mut p: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    let r = unsafe { f(&mut p, dev) };
+    (r == CUDA_SUCCESS && !p.is_null()).then_some(p)
+}
+
+/// Give a pool's unused memory back (the real `cuMemPoolTrimTo`).
+pub fn pool_trim(pool: CUmemoryPool, keep: usize) {
+    if let Some(p) = hooked::cuMemPoolTrimTo.get() {
+        let f: sig::cuMemPoolTrimTo = unsafe { std::mem::transmute(p) };
+        // SAFETY: a pool handle the driver gave this process.
+        unsafe { f(pool, keep) };
+    }
+}
+
+/// Graph memory reserved on `dev` (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
+pub fn graph_mem_reserved(dev: CUdevice) -> Option<u64> {
+    let mut v: u64 = 0;
+    let r = call!(cuDeviceGetGraphMemAttribute, fn(CUdevice, c_int, *mut c_void) -> CUresult,
+        dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut v as *mut u64 as *mut c_void)?;
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// Give unused graph memory of `dev` back (the real `cuDeviceGraphMemTrim`).
+pub fn graph_mem_trim(dev: CUdevice) {
+    if let Some(p) = hooked::cuDeviceGraphMemTrim.get() {
+        let f: sig::cuDeviceGraphMemTrim = unsafe { std::mem::transmute(p) };
+        // SAFETY: a device of this process.
+        unsafe { f(dev) };
+    }
+}
+
+/// The context of a green context.
+pub fn green_ctx_context(g: CUgreenCtx) -> Option<CUcontext> {
+    let mut c: CUcontext = std::ptr::null_mut();
+    let r = call!(cuCtxFromGreenCtx, fn(*mut CUcontext, CUgreenCtx) -> CUresult, &mut c, g)?;
+    (r == CUDA_SUCCESS && !c.is_null()).then_some(c)
 }
 
 /// Free/total of the current context's device from the real `cuMemGetInfo_v2`.

@@ -18,6 +18,10 @@ pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUgraphExec = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUgreenCtx = *mut c_void;
+pub type CUdevResourceDesc = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type CUmipmappedArray = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
@@ -52,6 +56,30 @@ pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: CUmem_advise = 3;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 /// `CU_MEM_ALLOCATION_TYPE_PINNED` (device memory for `cuMemCreate`).
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): `CUmemPoolProps` (88 bytes; it starts like
+/// `CUmemAllocationProp`), access descriptors, size, and the address the driver returns.
+#[repr(C)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub pool_props: CUmemPoolPropsHead,
+    pub _pool_props_rest: [u8; 72],
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+/// The leading fields of `CUmemPoolProps`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolPropsHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+}
 /// `CUDA_ARRAY3D_CUBEMAP` flag.
 pub const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;
 /// `CUDA_ARRAY3D_LAYERED` flag.

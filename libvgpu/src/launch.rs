@@ -132,7 +132,10 @@ fn thread_id() -> u64 {
 /// and its context. `None`: not trackable (no context, or a stream of another context).
 fn resolve_stream(stream: CUstream, ptsz: bool) -> Option<(StreamKey, CUstream, CUcontext)> {
     let h = stream as usize;
-    let current = driver::current_context()?;
+    let current = match driver::current_context() {
+        0 => return None,
+        c => c as CUcontext,
+    };
     if h == CU_STREAM_PER_THREAD || (h == 0 && ptsz) {
         let key = (current as u64) ^ (thread_id() << 40) ^ CU_STREAM_PER_THREAD as u64;
         return Some((key, CU_STREAM_PER_THREAD as CUstream, current));
@@ -343,7 +346,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     crate::monitor::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
     // A launch into a capture does not run now (the graph's launch is gated instead).
     COUNTERS.gated.fetch_add(1, Relaxed);
-    if driver::stream_is_capturing(stream) {
+    if driver::stream_capturing(stream) {
         COUNTERS.captured.fetch_add(1, Relaxed);
         return LaunchTicket::default();
     }

@@ -3,7 +3,7 @@
 //! * `hooks`: the one hook table (`hooks/table.rs`), the `dlsym` override, `cuGetProcAddress`.
 //! * `runtime`: lazy init (config, region, slot, devices, ledgers), fork handling; `runtime::get()`
 //!   is the entry point for the launch gate and the monitor.
-//! * `memory`, `context`, `meminfo`, `nvml`: the policies the table points at.
+//! * `memory`, `physmem`, `context`, `meminfo`, `nvml`: the policies the table points at.
 //! * `launch`: the compute limiter glue (lead-owned).
 
 // Policy functions are `unsafe fn`s called only by the generated shims with the C caller's
@@ -20,5 +20,6 @@ pub mod meminfo;
 pub mod memory;
 mod monitor;
 pub mod nvml;
+pub mod physmem;
 pub mod real;
 pub mod runtime;

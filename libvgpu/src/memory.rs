@@ -7,9 +7,10 @@
 //! out *before* the driver call (so a concurrent allocation that gets the same address after the
 //! free cannot lose its own entry) and put it back if the driver refuses the free.
 //!
-//! Stream-ordered pools (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`): each allocation is charged
-//! as if resident from the call until its `cuMemFreeAsync` (released at enqueue time). Memory a
-//! pool keeps cached after frees is not charged; `cuMemPoolTrimTo` is therefore not hooked.
+//! Allocations are recorded with the context they were made in: destroying a context (or
+//! releasing a primary context for good) releases them, as the driver frees them (`context`).
+//! Memory the device holds beyond a call and its free (VMM handles, pools, graph memory) is
+//! `physmem`'s.
 //!
 //! Oversubscription (`CUDA_OVERSUBSCRIBE`): a `cuMemAlloc_v2` that the driver refuses with OOM
 //! but that fits under the (possibly larger than physical) cap is served with
@@ -102,9 +103,6 @@ type Sel = fn(&mut Ledgers) -> &mut Ledger;
 fn ptrs(l: &mut Ledgers) -> &mut Ledger {
     &mut l.ptrs
 }
-fn handles(l: &mut Ledgers) -> &mut Ledger {
-    &mut l.handles
-}
 fn arrays(l: &mut Ledgers) -> &mut Ledger {
     &mut l.arrays
 }
@@ -127,8 +125,14 @@ fn current_index(ps: &ProcState) -> Option<usize> {
 }
 
 /// Reserve `bytes` on `dev` or say why not (one info line): `Err(CUDA_ERROR_OUT_OF_MEMORY)`.
+/// At the cap, this process's pools and graph memory give back what they keep unused first
+/// (`physmem::trim_own`), then the reservation is tried once more.
 pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
-    match ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes) {
+    let mut res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
+    if matches!(res, Err(ReserveError::OverLimit { .. })) && crate::physmem::trim_own(ps, dev) {
+        res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
+    }
+    match res {
         Ok(()) => Ok(()),
         Err(ReserveError::OverLimit { used, limit, requested }) => {
             vgpu_core::info!(
@@ -143,12 +147,13 @@ pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(),
     }
 }
 
-fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {
+pub fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {
     ps.region.release(ps.slot, dev, MemKind::Data, bytes);
 }
 
 fn record(ps: &ProcState, sel: Sel, key: u64, dev: usize, bytes: u64) {
-    let old = sel(&mut ps.ledgers()).insert(key, Allocation { dev, bytes_accounted: bytes, kind: MemKind::Data });
+    let ctx = driver::current_context();
+    let old = sel(&mut ps.ledgers()).insert(key, Allocation { dev, bytes_accounted: bytes, kind: MemKind::Data, ctx });
     if let Some(o) = old {
         // A free we never saw (made outside the hook): its charge goes now.
         ps.region.release(ps.slot, o.dev, o.kind, o.bytes_accounted);
@@ -320,65 +325,18 @@ pub unsafe fn mem_free_v1(rt: &'static Runtime, real: sig::cuMemFree, dptr: CUde
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stream-ordered allocations
-
-pub unsafe fn mem_alloc_async(rt: &'static Runtime, real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
-    let Some(ps) = rt.proc() else { return real(dptr, bytesize, stream) };
-    let Some(dev) = driver::stream_device(stream).and_then(|d| dev_index(ps, d)) else {
-        return real(dptr, bytesize, stream);
-    };
-    if dptr.is_null() {
-        return real(dptr, bytesize, stream);
-    }
-    charged(ps, ptrs, dev, accounted_size(bytesize as u64), "cuMemAllocAsync", || {
-        let r = real(dptr, bytesize, stream);
-        (r, *dptr)
-    })
-}
-
-pub unsafe fn mem_alloc_from_pool_async(rt: &'static Runtime, real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr,
-    bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
-    let Some(ps) = rt.proc() else { return real(dptr, bytesize, pool, stream) };
-    let Some(dev) = driver::stream_device(stream).and_then(|d| dev_index(ps, d)) else {
-        return real(dptr, bytesize, pool, stream);
-    };
-    if dptr.is_null() {
-        return real(dptr, bytesize, pool, stream);
-    }
-    charged(ps, ptrs, dev, accounted_size(bytesize as u64), "cuMemAllocFromPoolAsync", || {
-        let r = real(dptr, bytesize, pool, stream);
-        (r, *dptr)
-    })
-}
+// Stream-ordered frees (allocations, pools and VMM handles: `physmem`)
 
 pub unsafe fn mem_free_async(rt: &'static Runtime, real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
     let Some(ps) = rt.proc_if_ready() else { return real(dptr, stream) };
-    freed(ps, ptrs, dptr, || real(dptr, stream))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Virtual memory management: physical handles (cuMemMap adds no memory)
-
-pub unsafe fn mem_create(rt: &'static Runtime, real: sig::cuMemCreate, handle: *mut CUmemGenericAllocationHandle,
-    size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
-    let Some(ps) = rt.proc() else { return real(handle, size, prop, flags) };
-    if handle.is_null() || prop.is_null() {
-        return real(handle, size, prop, flags);
+    let r = real(dptr, stream);
+    if r == CUDA_SUCCESS && !crate::physmem::freed_async(ps, dptr) {
+        // Not a pool allocation of ours (cuMemFreeAsync also frees cuMemAlloc memory).
+        if let Some(a) = ps.ledgers().ptrs.remove(dptr) {
+            ps.region.release(ps.slot, a.dev, a.kind, a.bytes_accounted);
+        }
     }
-    let p = &*prop;
-    let on_device = p.type_ == CU_MEM_ALLOCATION_TYPE_PINNED && p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
-    let Some(dev) = on_device.then(|| dev_index(ps, p.location.id)).flatten() else {
-        return real(handle, size, prop, flags);
-    };
-    charged(ps, handles, dev, accounted_size(size as u64), "cuMemCreate", || {
-        let r = real(handle, size, prop, flags);
-        (r, *handle)
-    })
-}
-
-pub unsafe fn mem_release(rt: &'static Runtime, real: sig::cuMemRelease, handle: CUmemGenericAllocationHandle) -> CUresult {
-    let Some(ps) = rt.proc_if_ready() else { return real(handle) };
-    freed(ps, handles, handle, || real(handle))
+    r
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,14 +406,15 @@ pub unsafe fn mipmapped_array_destroy(rt: &'static Runtime, real: sig::cuMipmapp
     freed(ps, arrays, handle as u64, || real(handle))
 }
 
-/// Drop every ledger entry of device `dev` and release its charges (its last context went, and
-/// the driver freed everything allocated in it).
-pub fn drain_device(ps: &ProcState, dev: usize) {
+/// Drop every ledger entry made in context `ctx` and release its charges (the context was
+/// destroyed, and the driver freed everything allocated in it). VMM handles and pool memory
+/// belong to the device, not to a context.
+pub fn drain_ctx(ps: &ProcState, ctx: u64) {
     let drained: Vec<Allocation> = {
         let mut l = ps.ledgers();
         let mut v: Vec<Allocation> = Vec::new();
-        for sel in [ptrs as Sel, handles, arrays] {
-            v.extend(sel(&mut l).drain_device(dev).into_iter().map(|(_, a)| a));
+        for sel in [ptrs as Sel, arrays] {
+            v.extend(sel(&mut l).drain_ctx(ctx).into_iter().map(|(_, a)| a));
         }
         v
     };

@@ -43,32 +43,30 @@ pub struct DeviceInfo {
     pub soft_sm_limit: Option<u32>,
 }
 
-/// What this process charged, keyed per namespace (device pointers, `cuMemCreate` handles, arrays
-/// and mipmapped arrays never share keys).
+/// What this process charged, keyed per namespace (device pointers, arrays and mipmapped arrays
+/// never share keys; `cuMemCreate` handles, pools and graph memory are in `phys`).
 #[derive(Default)]
 pub struct Ledgers {
     pub ptrs: Ledger,
-    pub handles: Ledger,
     pub arrays: Ledger,
+    /// VMM handles and mappings, pools, graph memory (`physmem`).
+    pub phys: crate::physmem::Phys,
 }
 
-/// Context bookkeeping: a device's context memory is charged once, when its first context
-/// (primary or created) appears, and released when the last one goes.
+/// Context bookkeeping: every context is charged its device memory while it lives (the primary
+/// context of a device from its first retain to its last release, created and green contexts
+/// from creation to destruction).
 #[derive(Default)]
 pub struct Contexts {
     pub primary_refs: [u32; MAX_DEVICES],
-    /// Created (non-primary) contexts -> device index.
-    pub created: HashMap<usize, usize>,
-    /// Bytes charged as MemKind::Context per device (0 = none charged).
+    /// The primary context's handle per device (0 = none seen).
+    pub primary_ctx: [usize; MAX_DEVICES],
+    /// Created and green contexts -> (device index, bytes charged as MemKind::Context).
+    pub created: HashMap<usize, (usize, u64)>,
+    /// Bytes charged for the primary context per device (0 = none charged).
     pub charged: [u64; MAX_DEVICES],
-    /// Whether a charge exists for the device (a measured 0 is still a charge).
+    /// Whether the primary context's charge exists (a measured 0 is still a charge).
     pub active: [bool; MAX_DEVICES],
-}
-
-impl Contexts {
-    pub fn live_on(&self, dev: usize) -> bool {
-        self.primary_refs.get(dev).copied().unwrap_or(0) > 0 || self.created.values().any(|&d| d == dev)
-    }
 }
 
 /// Per-process state (replaced in a forked child).

@@ -96,6 +96,8 @@ pub struct Phys {
     pub size: u64,
     pub released: bool,
     pub maps: u32,
+    /// References taken by `cuMemRetainAllocationHandle` (each needs its own `cuMemRelease`).
+    pub retains: u32,
 }
 
 pub struct Mapping {
@@ -133,6 +135,12 @@ pub struct Proc {
     pub phys: HashMap<u64, Phys>,
     pub maps: BTreeMap<u64, Mapping>,
     pub arrays: HashMap<u64, Alloc>,
+    /// Graph memory (`crate::graphmem`): alloc nodes per graph and per executable graph, the
+    /// per-device graph memory pool, and the addresses graph allocations hand out.
+    pub graph_mem: HashMap<u64, crate::graphmem::GraphMem>,
+    pub exec_mem: HashMap<u64, crate::graphmem::ExecMem>,
+    pub graph_pool: [crate::graphmem::GraphPool; MAX_DEVICES],
+    pub graph_ptrs: BTreeMap<u64, u64>,
 }
 
 /// The per-process driver state behind its lock. Not a plain `static Mutex`: a child forked while
@@ -332,7 +340,8 @@ impl Proc {
         let inside = |base: u64, size: u64| ptr >= base && end <= base + size;
         let in_alloc = self.allocs.range(..=ptr).next_back().is_some_and(|(&b, a)| inside(b, a.size));
         let in_map = self.maps.range(..=ptr).next_back().is_some_and(|(&b, m)| inside(b, m.size));
-        (in_alloc || in_map).then_some(()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        let in_graph = self.graph_ptrs.range(..=ptr).next_back().is_some_and(|(&b, &s)| inside(b, s));
+        (in_alloc || in_map || in_graph).then_some(()).ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
     pub fn charge_object(&mut self, st: &GpuState, bytes: u64) -> R<u64> {
@@ -467,13 +476,13 @@ impl Proc {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let hd = self.handle(0x9F);
-        self.phys.insert(hd, Phys { dev: d, size, released: false, maps: 0 });
+        self.phys.insert(hd, Phys { dev: d, size, released: false, maps: 0, retains: 0 });
         Ok(hd)
     }
 
     /// Physical memory is freed once released and unmapped everywhere.
     pub fn drop_phys_if_done(&mut self, st: &GpuState, hd: u64) {
-        if self.phys.get(&hd).is_some_and(|p| p.released && p.maps == 0) {
+        if self.phys.get(&hd).is_some_and(|p| p.released && p.retains == 0 && p.maps == 0) {
             let p = self.phys.remove(&hd).expect("checked");
             st.uncharge(p.dev, p.size);
         }
@@ -620,6 +629,7 @@ impl Proc {
         let nodes = self.graphs.get(&g).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
         let x = self.handle(0x6E);
         self.execs.insert(x, nodes);
+        self.instantiate_mem(g, x);
         Ok(x)
     }
 

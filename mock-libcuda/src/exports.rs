@@ -156,6 +156,12 @@ unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, pool: Option<Handle>,
             Some(pl) => pl as u64,
             None => p.current_pool(d),
         };
+        // Captured: an alloc node of the capture graph (memory comes with the graph's launch).
+        if let Some(g) = p.stream_mut(stream as u64)?.capture {
+            let pd = p.pools.get(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?.dev;
+            let ptr = p.graph_alloc(g, pd, size as u64)?;
+            return out(dptr, ptr);
+        }
         let ptr = p.alloc_from_pool(st, c, pool, size as u64)?;
         out(dptr, ptr)
     })
@@ -164,6 +170,9 @@ unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, pool: Option<Handle>,
 unsafe fn free_async(dptr: CUdeviceptr, stream: Handle) -> CUresult {
     run(|p, st| {
         p.stream_dev(stream as u64)?;
+        if p.is_graph_ptr(dptr) {
+            return Ok(()); // a free node: graph memory lives with the graph
+        }
         p.free(st, dptr)
     })
 }
@@ -334,6 +343,9 @@ unsafe fn graph_launch(exec: Handle, stream: Handle) -> CUresult {
         Ok(n) => n,
         Err(e) => return e,
     };
+    if let Err(e) = with_init(|p, st| p.back_exec(st, exec as u64)) {
+        return e;
+    }
     let mut i = 0;
     run_steps(|p, st| {
         // One node at a time, so a full queue makes only the remaining nodes wait.
@@ -829,16 +841,13 @@ driver_exports! {
     }
     "cuMemRelease" @ 10020 => fn cuMemRelease(handle: u64) {
         run(|p, st| {
-            let ph = p.phys.get_mut(&handle).filter(|ph| !ph.released).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            ph.released = true;
-            p.drop_phys_if_done(st, handle);
-            Ok(())
+            p.release_handle(st, handle)
         })
     }
     "cuMemMap" @ 10020 => fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64) {
         run(|p, _| {
             let size = size as u64;
-            let ph = p.phys.get(&handle).filter(|ph| !ph.released).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            let ph = p.phys.get(&handle).filter(|ph| !ph.released || ph.retains > 0).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             if flags != 0 || size == 0 || offset as u64 + size > ph.size || !p.in_reserve(ptr, size) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
@@ -989,12 +998,6 @@ driver_exports! {
     "cuStreamCreateWithPriority" @ 5050 => fn cuStreamCreateWithPriority(ps: *mut Handle, flags: c_uint, _priority: i32) {
         stream_create(ps, flags)
     }
-    "cuStreamGetCtx" @ 9020 / 9020 cuStreamGetCtx_ptsz => fn cuStreamGetCtx (stream: Handle, pctx: *mut Handle) {
-        run(|p, _| {
-            let c = p.stream_mut(stream as u64)?.ctx;
-            out(pctx, h(c))
-        })
-    }
     "cuStreamDestroy" @ 4000 => fn cuStreamDestroy_v2(stream: Handle) {
         run(|p, _| p.streams.remove(&(stream as u64)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE))
     }
@@ -1090,10 +1093,117 @@ driver_exports! {
         graph_launch(exec, stream)
     }
     "cuGraphExecDestroy" @ 10000 => fn cuGraphExecDestroy(exec: Handle) {
-        run(|p, _| p.execs.remove(&(exec as u64)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE))
+        run(|p, _| {
+            p.execs.remove(&(exec as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            p.exec_mem_destroyed(exec as u64);
+            Ok(())
+        })
     }
     "cuGraphDestroy" @ 10000 => fn cuGraphDestroy(graph: Handle) {
-        run(|p, _| p.graphs.remove(&(graph as u64)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE))
+        run(|p, _| {
+            p.graphs.remove(&(graph as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            p.graph_mem.remove(&(graph as u64));
+            Ok(())
+        })
+    }
+    // ---- graph memory, VMM references, stream contexts, green contexts (graphmem.rs) ----------
+    "cuGraphAddMemAllocNode" @ 11040 => fn cuGraphAddMemAllocNode(node: *mut Handle, graph: Handle, deps: *const Handle, ndeps: usize, params: *mut MemAllocNodeParams) {
+        run(|p, st| {
+            if node.is_null() || params.is_null() || (ndeps > 0 && deps.is_null()) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            p.graphs.get(&(graph as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let prm = &mut *params;
+            if prm.pool_props.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || prm.pool_props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let d = p.dev(st, prm.pool_props.location.id)?;
+            prm.dptr = p.graph_alloc(graph as u64, d, prm.bytesize as u64)?;
+            let nh = p.new_node_handle();
+            out(node, h(nh))
+        })
+    }
+    "cuGraphAddMemFreeNode" @ 11040 => fn cuGraphAddMemFreeNode(node: *mut Handle, graph: Handle, deps: *const Handle, ndeps: usize, dptr: CUdeviceptr) {
+        run(|p, _| {
+            if node.is_null() || (ndeps > 0 && deps.is_null()) || !p.is_graph_ptr(dptr) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            p.graphs.get(&(graph as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let nh = p.new_node_handle();
+            out(node, h(nh))
+        })
+    }
+    "cuDeviceGetGraphMemAttribute" @ 11040 => fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut u64) {
+        run(|p, st| {
+            let d = p.dev(st, dev)?;
+            let v = p.graph_mem_attr(d, attr)?;
+            out(value, v)
+        })
+    }
+    "cuDeviceGraphMemTrim" @ 11040 => fn cuDeviceGraphMemTrim(dev: CUdevice) {
+        run(|p, st| {
+            let d = p.dev(st, dev)?;
+            p.graph_mem_trim(st, d);
+            Ok(())
+        })
+    }
+    "cuMemRetainAllocationHandle" @ 11000 => fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
+        run(|p, _| {
+            if handle.is_null() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let hd = p.retain_handle(addr as u64)?;
+            out(handle, hd)
+        })
+    }
+    "cuStreamGetCtx" @ 9020 / 9020 cuStreamGetCtx_ptsz => fn cuStreamGetCtx (stream: Handle, pctx: *mut Handle) {
+        run(|p, _| {
+            let (c, _) = p.stream_dev(stream as u64)?;
+            out(pctx, h(c))
+        })
+    }
+    "cuDeviceGetDevResource" @ 12040 => fn cuDeviceGetDevResource(dev: CUdevice, res: *mut DevResource, typ: u32) {
+        run(|p, st| {
+            let d = p.dev(st, dev)?;
+            if res.is_null() || typ != CU_DEV_RESOURCE_TYPE_SM {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            res.write(DevResource { type_: typ, pad: [0; 92], sm_count: st.device(d).sms, rest: [0; 44] });
+            Ok(())
+        })
+    }
+    "cuDevResourceGenerateDesc" @ 12040 => fn cuDevResourceGenerateDesc(desc: *mut Handle, res: *const DevResource, n: c_uint) {
+        run(|p, _| {
+            if res.is_null() || n == 0 || (*res).type_ != CU_DEV_RESOURCE_TYPE_SM {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let dh = p.new_node_handle();
+            out(desc, h(dh))
+        })
+    }
+    // A green context is a context (it costs the same memory); its handle is its context's.
+    "cuGreenCtxCreate" @ 12040 => fn cuGreenCtxCreate(pctx: *mut Handle, desc: Handle, dev: CUdevice, flags: c_uint) {
+        run(|p, st| {
+            if pctx.is_null() || desc.is_null() || flags != CU_GREEN_CTX_DEFAULT_STREAM {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let d = p.dev(st, dev)?;
+            let c = p.create_ctx(st, d, false)?;
+            out(pctx, h(c))
+        })
+    }
+    "cuGreenCtxDestroy" @ 12040 => fn cuGreenCtxDestroy(ctx: Handle) {
+        run(|p, st| {
+            p.ctx_known(ctx as u64)?;
+            p.destroy_ctx(st, ctx as u64);
+            Ok(())
+        })
+    }
+    "cuCtxFromGreenCtx" @ 12040 => fn cuCtxFromGreenCtx(pctx: *mut Handle, green: Handle) {
+        run(|p, _| {
+            p.ctx_known(green as u64)?;
+            out(pctx, green)
+        })
     }
     "cuGetErrorName" @ 6000 => fn cuGetErrorName(code: CUresult, s: *mut *const c_char) {
         error_text(code, s, |e| e.1)

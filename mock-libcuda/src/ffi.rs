@@ -134,6 +134,28 @@ pub struct AllocPropHead {
     pub location: CUmemLocation,
 }
 
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): pool properties (88 bytes), access descriptors, size, out pointer.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: AllocPropHead,
+    pub _props_rest: [u8; 72],
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUdevResource` (12.4 layout, 144 bytes) holding an SM resource.
+#[repr(C)]
+pub struct DevResource {
+    pub type_: u32,
+    pub pad: [u8; 92],
+    pub sm_count: u32,
+    pub rest: [u8; 44],
+}
+pub const CU_DEV_RESOURCE_TYPE_SM: u32 = 1;
+pub const CU_GREEN_CTX_DEFAULT_STREAM: u32 = 1;
+
 #[repr(C)]
 pub struct CudaArrayDescriptor {
     pub width: usize,

@@ -9,6 +9,7 @@
 mod driver;
 mod exports;
 mod ffi;
+mod graphmem;
 mod visible;
 
 use ffi::*;

@@ -33,6 +33,8 @@ pub struct Allocation {
     pub dev: usize,
     pub bytes_accounted: u64,
     pub kind: MemKind,
+    /// The context it was allocated in (0: unknown); the driver frees it with that context.
+    pub ctx: u64,
 }
 
 #[derive(Default, Debug)]
@@ -89,6 +91,15 @@ impl Ledger {
         keys.into_iter().filter_map(|k| self.remove(k).map(|a| (k, a))).collect()
     }
 
+    /// Remove every allocation made in context `ctx` (destroyed: the driver freed them).
+    pub fn drain_ctx(&mut self, ctx: u64) -> Vec<(u64, Allocation)> {
+        if ctx == 0 {
+            return Vec::new();
+        }
+        let keys: Vec<u64> = self.map.iter().filter(|(_, a)| a.ctx == ctx).map(|(k, _)| *k).collect();
+        keys.into_iter().filter_map(|k| self.remove(k).map(|a| (k, a))).collect()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Allocation)> + '_ {
         self.map.iter().map(|(k, v)| (*k, v))
     }
@@ -120,13 +131,18 @@ mod tests {
     fn unknown_passes_through() {
         let mut l = Ledger::new();
         assert_eq!(l.remove(0xdead), None);
-        let a = Allocation { dev: 1, bytes_accounted: 10, kind: MemKind::Data };
+        let a = Allocation { dev: 1, bytes_accounted: 10, kind: MemKind::Data, ctx: 7 };
         assert_eq!(l.insert(1, a), None);
         assert_eq!(l.insert(1, a), Some(a));
         assert_eq!(l.total(1), 10);
         assert_eq!(l.remove(1), Some(a));
         assert_eq!(l.total(1), 0);
         assert_eq!(l.total(99), 0);
+        l.insert(2, a);
+        l.insert(3, Allocation { ctx: 8, ..a });
+        assert_eq!(l.drain_ctx(0), vec![]);
+        assert_eq!(l.drain_ctx(7), vec![(2, a)]);
+        assert_eq!(l.total(1), 10);
     }
 
     proptest! {
@@ -135,7 +151,7 @@ mod tests {
             let mut l = Ledger::new();
             for (ins, ptr, dev, req) in ops {
                 if ins {
-                    l.insert(ptr, Allocation { dev, bytes_accounted: accounted_size(req), kind: MemKind::Data });
+                    l.insert(ptr, Allocation { dev, bytes_accounted: accounted_size(req), kind: MemKind::Data, ctx: ptr % 3 });
                 } else {
                     l.remove(ptr);
                 }

@@ -536,7 +536,11 @@ impl Region {
         if self.file.is_none() {
             return Ok(()); // snapshot or private: nothing shared to reopen
         }
-        self.file = None; // closes our dup only
+        // Keep the inherited descriptor open for the child's lifetime (never closed), as the
+        // driver's device files are: a parent killed while this child lives keeps its memory on
+        // the device, and its slot (locked through this descriptor) stays live and charged for
+        // exactly as long. Exec closes it (O_CLOEXEC), like the driver's.
+        std::mem::forget(self.file.take());
         let file = OpenOptions::new()
             .read(true)
             .write(true)

@@ -12,6 +12,15 @@
 
 use std::ffi::{c_char, c_void};
 
+// Without a `dlsym` override, programs that reach the driver through `dlopen` + `dlsym` (the CUDA
+// runtime, so PyTorch, JAX, CuPy, TensorRT) would run uncapped: refuse to build rather than ship
+// a library that silently caps nothing.
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!(
+    "libvgpu: no dlsym interception for this target architecture (only x86_64 is implemented); \
+     a build without it would leave programs that dlopen+dlsym libcuda (the CUDA runtime) uncapped"
+);
+
 /// Exported `dlsym`. x86-64 System V: rdi = handle, rsi = symbol.
 ///
 /// Fast path for RTLD_NEXT (`(void*)-1`): `jmp` to glibc's dlsym. If that pointer is not resolved

@@ -10,7 +10,7 @@
 //! * `init`: lazy init, then the real call unchanged (e.g. `cuInit`);
 //! * `launch(stream_expr)`: `launch::before_launch(stream)`, real call, `launch::after_launch`;
 //!   nothing else on that path (no init, no lock, no clock);
-//! * `sync`: real call, then `launch::after_sync()`.
+//! * `sync`: real call, then `launch::after_sync()` and `physmem::after_sync()` (pools).
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
 //! symbol does not exist in the loaded driver.
@@ -81,6 +81,7 @@ macro_rules! shim {
                 let f = real_fn!($lib $name);
                 let r = f($($arg),*);
                 $crate::launch::after_sync();
+                $crate::physmem::after_sync();
                 r
             }
         })

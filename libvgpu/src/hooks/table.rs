@@ -6,7 +6,7 @@
 
 #[allow(unused_imports)]
 use crate::ffi::*;
-use crate::{context, memory, meminfo, nvml};
+use crate::{context, memory, meminfo, nvml, physmem};
 #[allow(unused_imports)]
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -32,18 +32,48 @@ hooks! {
     Cuda policy fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
     Cuda policy fn cuMemFree(dptr: CUdeviceptr_v1) => memory::mem_free_v1;
     Cuda policy fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => memory::mem_alloc_async;
+        => physmem::mem_alloc_async;
     Cuda policy fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => memory::mem_alloc_async;
+        => physmem::mem_alloc_async;
     Cuda policy fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-        stream: CUstream) => memory::mem_alloc_from_pool_async;
+        stream: CUstream) => physmem::mem_alloc_from_pool_async;
     Cuda policy fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-        stream: CUstream) => memory::mem_alloc_from_pool_async;
+        stream: CUstream) => physmem::mem_alloc_from_pool_async;
     Cuda policy fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
     Cuda policy fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
     Cuda policy fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
-        prop: *const CUmemAllocationProp, flags: u64) => memory::mem_create;
-    Cuda policy fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;
+        prop: *const CUmemAllocationProp, flags: u64) => physmem::mem_create;
+    Cuda policy fn cuMemRelease(handle: CUmemGenericAllocationHandle) => physmem::mem_release;
+    // ---- memory the device holds beyond a call and its free (physmem.rs) -----------------------
+    Cuda policy fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
+        flags: u64) => physmem::mem_map;
+    Cuda policy fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => physmem::mem_unmap;
+    Cuda policy fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
+        => physmem::retain_allocation_handle;
+    Cuda policy fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void,
+        typ: c_int) => physmem::import_shareable;
+    Cuda policy fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolPropsHead) => physmem::pool_create;
+    Cuda policy fn cuMemPoolDestroy(pool: CUmemoryPool) => physmem::pool_destroy;
+    Cuda policy fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => physmem::pool_trim;
+    Cuda policy fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) => physmem::device_pool;
+    Cuda policy fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) => physmem::device_pool;
+    Cuda policy fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) => physmem::end_capture;
+    Cuda policy fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) => physmem::end_capture;
+    Cuda policy fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize,
+        params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) => physmem::add_mem_alloc_node;
+    Cuda policy fn cuGraphDestroy(graph: CUgraph) => physmem::graph_destroy;
+    Cuda policy fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64)
+        => physmem::graph_instantiate_with_flags;
+    Cuda policy fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode,
+        log: *mut c_char, log_size: usize) => physmem::graph_instantiate_v2;
+    Cuda policy fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode,
+        log: *mut c_char, log_size: usize) => physmem::graph_instantiate_v2;
+    Cuda policy fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+        => physmem::graph_instantiate_with_params;
+    Cuda policy fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+        => physmem::graph_instantiate_with_params;
+    Cuda policy fn cuGraphExecDestroy(exec: CUgraphExec) => physmem::graph_exec_destroy;
+    Cuda policy fn cuDeviceGraphMemTrim(dev: CUdevice) => physmem::graph_mem_trim;
     Cuda policy fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
         => memory::array_create;
     Cuda policy fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1)
@@ -66,6 +96,9 @@ hooks! {
         dev: CUdevice) => context::ctx_create_v4;
     Cuda policy fn cuCtxDestroy(ctx: CUcontext) => context::ctx_destroy;
     Cuda policy fn cuCtxDestroy_v2(ctx: CUcontext) => context::ctx_destroy;
+    Cuda policy fn cuGreenCtxCreate(pctx: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint)
+        => context::green_create;
+    Cuda policy fn cuGreenCtxDestroy(ctx: CUgreenCtx) => context::green_destroy;
     Cuda policy fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain;
     Cuda policy fn cuDevicePrimaryCtxRelease(dev: CUdevice) => context::primary_release;
     Cuda policy fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => context::primary_release;
