@@ -26,6 +26,6 @@ for e in prof.events():
         continue
     name = e.name.lower()
     k = "memset" if "memset" in name else "memcpy" if "memcpy" in name else "kernel"
-    tot[k] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    tot[k] += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
     n[k] += 1
 print(f"kind={kind} per_step: " + " ".join(f"{k}_n={n[k] / 5:.0f} {k}_us={tot[k] / 5:.0f}" for k in tot), flush=True)

@@ -361,6 +361,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         let mut g = lock(dev);
         let g = &mut *g;
         g.meter.contended = contended;
+        g.meter.owner = ps.slot.index() as u64 + 1;
         driver::with_relaxed_capture(|| g.meter.gate(&mut g.events, &bucket, cap, key, now))
     });
     let mut g = lock(dev);

@@ -154,11 +154,13 @@ pub struct Meter<E: Copy> {
     launches: u64,
     /// Another tenant is using the GPU (set by the glue from NVML).
     pub contended: bool,
+    /// Which process of the container this is (nonzero; tells context switches from idle gaps).
+    pub owner: u64,
 }
 
 impl<E: Copy> Default for Meter<E> {
     fn default() -> Self {
-        Meter { streams: Vec::new(), charged_total_ns: 0, launches: 0, contended: false }
+        Meter { streams: Vec::new(), charged_total_ns: 0, launches: 0, contended: false, owner: 1 }
     }
 }
 
@@ -209,7 +211,7 @@ impl<E: Copy> Meter<E> {
 
     /// Charge every completed launch to the container's union.
     pub fn poll(&mut self, evs: &mut impl Events<Ev = E>, bucket: &Bucket<'_>, now: u64) {
-        let contended = self.contended;
+        let (contended, owner) = (self.contended, self.owner);
         for st in &mut self.streams {
             while let Some(head) = st.pending.front() {
                 let state = evs.poll(head.ev);
@@ -235,7 +237,7 @@ impl<E: Copy> Meter<E> {
                 let end = t.max(start);
                 st.last_end_ns = end;
                 st.learn((end - start) / head.launches.max(1) as u64, now);
-                self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now);
+                self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now, owner);
             }
         }
     }
@@ -248,7 +250,7 @@ impl<E: Copy> Meter<E> {
         for st in &mut self.streams {
             if st.unevented > 0 {
                 let start = st.last_end_ns.max(st.unevented_since_ns);
-                self.charged_total_ns += bucket.charge(start, now.max(start), 1000, now);
+                self.charged_total_ns += bucket.charge(start, now.max(start), 1000, now, self.owner);
                 st.last_end_ns = now;
                 st.unevented = 0;
             }

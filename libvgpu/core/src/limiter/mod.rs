@@ -49,8 +49,11 @@ pub struct SharedDeviceState {
     /// every thread and process resumes at the same instant, so kernels that ran side by side
     /// uncapped still do under the cap.
     pub closed_until_ns: AtomicU64,
+    /// End of the latest interval charged, and which process (`Meter::owner`) charged it.
+    pub union_end_ns: AtomicU64,
+    pub union_owner: AtomicU64,
     /// Room to grow without changing the extension layout.
-    pub reserved: [AtomicU64; 7],
+    pub reserved: [AtomicU64; 5],
 }
 
 const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);
@@ -65,6 +68,9 @@ pub const MAX_HOLD_NS: u64 = 2_000_000_000;
 pub const REFILL_MIN_NS: u64 = 50_000;
 /// Period of the utilization window kept in `SharedDeviceState`.
 pub const UTIL_WINDOW_NS: u64 = 500_000_000;
+/// A gap this short between the kernels of two processes of the container is the GPU switching
+/// between their contexts (time-slicing): NVML counts it busy, so it is charged too.
+pub const SWITCH_GAP_NS: u64 = 100_000;
 /// Waits shorter than this poll (yield) instead of sleeping: a sleep overshoots by the timer
 /// slack (~50 us), which would leave the GPU idle behind a short queue.
 pub const SPIN_WAIT_NS: u64 = 50_000;
@@ -119,8 +125,15 @@ impl Bucket<'_> {
     /// container reported yet (the union). The bucket pays `share_milli`/1000 of it (less than
     /// all when another tenant slowed our work); utilization counts it whole.
     /// Returns the newly covered ns (before the share).
-    pub fn charge(&self, start: u64, end: u64, share_milli: u64, now: u64) -> u64 {
-        let fresh = self.map.mark(start, end, now.max(end));
+    pub fn charge(&self, start: u64, end: u64, share_milli: u64, now: u64, owner: u64) -> u64 {
+        let now = now.max(end);
+        let (prev_end, prev_owner) = (self.s.union_end_ns.load(Relaxed), self.s.union_owner.load(Relaxed));
+        let switch = prev_owner != owner && start > prev_end && start - prev_end <= SWITCH_GAP_NS;
+        let mut fresh = if switch { self.map.mark(prev_end, start, now) } else { 0 };
+        fresh += self.map.mark(start, end, now);
+        if self.s.union_end_ns.fetch_max(end, Relaxed) < end {
+            self.s.union_owner.store(owner, Relaxed);
+        }
         if fresh == 0 {
             return 0;
         }

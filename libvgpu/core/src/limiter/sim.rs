@@ -95,7 +95,13 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
     let map = BusyMap::default();
     let bucket = Bucket::new(&state, &map);
     let nproc = threads.iter().map(|t| t.0).max().unwrap_or(0) + 1;
-    let mut procs: Vec<Proc> = (0..nproc).map(|_| Proc { meter: Meter::default(), evs: SimEvents(w.clone()) }).collect();
+    let mut procs: Vec<Proc> = (0..nproc)
+        .map(|i| {
+            let mut meter = Meter::default();
+            meter.owner = i as u64 + 1;
+            Proc { meter, evs: SimEvents(w.clone()) }
+        })
+        .collect();
     let mut ths: Vec<Thread> = threads
         .iter()
         .enumerate()
@@ -370,7 +376,22 @@ fn a_slowed_interval_pays_its_share_but_counts_whole() {
     let state = SharedDeviceState::default();
     let map = BusyMap::default();
     let b = Bucket::new(&state, &map);
-    assert_eq!(b.charge(T0, T0 + 1_000_000, 500, T0 + 1_000_000), 1_000_000);
+    assert_eq!(b.charge(T0, T0 + 1_000_000, 500, T0 + 1_000_000, 1), 1_000_000);
     assert_eq!(state.window_busy_ns.load(Relaxed), 1_000_000);
     assert_eq!(state.tokens_ns.load(Relaxed), -500_000);
+}
+
+#[test]
+fn a_context_switch_between_processes_is_charged_an_idle_gap_is_not() {
+    let state = SharedDeviceState::default();
+    let map = BusyMap::default();
+    let b = Bucket::new(&state, &map);
+    let ms = 1_000_000;
+    assert_eq!(b.charge(T0, T0 + ms, 1000, T0 + ms, 1), ms);
+    // Process 2's kernel starts 50 us after process 1's ended: the switch is busy time.
+    assert_eq!(b.charge(T0 + ms + 50_000, T0 + 2 * ms, 1000, T0 + 2 * ms, 2), ms);
+    // Process 2 again after a 50 us gap of its own: idle, not charged.
+    assert_eq!(b.charge(T0 + 2 * ms + 50_000, T0 + 3 * ms, 1000, T0 + 3 * ms, 2), ms - 50_000);
+    // Process 1 after a 500 us gap: idle whoever ran before.
+    assert_eq!(b.charge(T0 + 3 * ms + 500_000, T0 + 4 * ms, 1000, T0 + 4 * ms, 1), ms - 500_000);
 }
