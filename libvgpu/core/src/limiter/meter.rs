@@ -356,7 +356,7 @@ pub fn hold(clk: &mut impl Clock, mut step: impl FnMut(u64) -> Step) -> u64 {
                 if ns < super::SPIN_WAIT_NS {
                     clk.pause();
                 } else {
-                    clk.sleep_ns(ns);
+                    clk.sleep_ns(ns - super::SPIN_WAIT_NS);
                 }
             }
         }

@@ -71,9 +71,10 @@ pub const UTIL_WINDOW_NS: u64 = 500_000_000;
 /// A gap this short between the kernels of two processes of the container is the GPU switching
 /// between their contexts (time-slicing): NVML counts it busy, so it is charged too.
 pub const SWITCH_GAP_NS: u64 = 100_000;
-/// Waits shorter than this poll (yield) instead of sleeping: a sleep overshoots by the timer
-/// slack (~50 us), which would leave the GPU idle behind a short queue.
-pub const SPIN_WAIT_NS: u64 = 50_000;
+/// Waits shorter than this poll (yield) instead of sleeping, and longer waits sleep this much
+/// less than asked, then poll: a sleep overshoots by the timer slack (~50 us, varying), which
+/// would leave the GPU idle behind a short queue and wake the container's threads apart.
+pub const SPIN_WAIT_NS: u64 = 80_000;
 
 /// Effective share for a device right now, in percent (1..=100); `None` = no cap.
 pub type CapPercent = Option<u32>;

@@ -139,7 +139,7 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
             Step::Wait(ns) => {
                 // Timer slack varies from wake-up to wake-up (and from thread to thread).
                 let jitter = xorshift(&mut th.rng) % SLEEP_OVERSHOOT_NS;
-                th.ready = now + if ns < SPIN_WAIT_NS { PAUSE_NS } else { ns + SLEEP_OVERSHOOT_NS / 2 + jitter };
+                th.ready = now + if ns < SPIN_WAIT_NS { PAUSE_NS } else { ns - SPIN_WAIT_NS + SLEEP_OVERSHOOT_NS / 2 + jitter };
             }
             Step::Go => {
                 let dur = if th.pat.random {
@@ -395,3 +395,4 @@ fn a_context_switch_between_processes_is_charged_an_idle_gap_is_not() {
     // Process 1 after a 500 us gap: idle whoever ran before.
     assert_eq!(b.charge(T0 + 3 * ms + 500_000, T0 + 4 * ms, 1000, T0 + 4 * ms, 1), ms - 500_000);
 }
+
