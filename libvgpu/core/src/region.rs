@@ -18,7 +18,7 @@ pub mod layout;
 mod lock;
 
 pub use layout::*;
-pub use lock::{LOCK_BASE, LOCK_DEVICE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
+pub use lock::{held_by_other as lock_held_by_other, LOCK_BASE, LOCK_DEVICE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
 
 use crate::config::Config;
 use crate::limiter::SharedDeviceState;
@@ -200,6 +200,9 @@ impl RegionInit {
         init
     }
 }
+
+/// Utilization older than this (no launch by any live process) reads as 0.
+pub const UTIL_WINDOW_NS: u64 = 2_000_000_000;
 
 /// How long a hooked call may wait for a region lock held by another process (or thread) before
 /// it goes on without it. Correctness never depends on getting the lock in time: reservations
@@ -1483,6 +1486,31 @@ impl Region {
 
     pub fn proc_sm_util(&self, slot: SlotId, dev: usize) -> u64 {
         self.slot(slot).device_util.get(dev).map_or(0, |u| u.sm_util.load(Relaxed))
+    }
+
+    /// The container's utilization of `dev` in percent x 100 (the limiter's window), or 0 when no
+    /// live process launched within [`UTIL_WINDOW_NS`]: a rate over a recent window that falls to
+    /// 0 when nothing launches, whoever wrote the last value.
+    pub fn recent_util_centi(&self, dev: usize) -> u64 {
+        let now = crate::clock::now_ns();
+        let recent = self.live_slots().any(|s| {
+            let t = self.slot_ext(s).last_launch_ns.load(Relaxed);
+            t != 0 && now.saturating_sub(t) < UTIL_WINDOW_NS && self.slot_owner_alive(s)
+        });
+        if recent {
+            self.limiter(dev).util_centi_percent.load(Relaxed).min(10_000)
+        } else {
+            0
+        }
+    }
+
+    /// Zero the stored utilization of devices nobody launched on recently (monitor thread).
+    pub fn decay_idle_util(&self, devices: usize) {
+        for d in 0..devices.min(MAX_DEVICES) {
+            if self.recent_util_centi(d) == 0 {
+                self.limiter(d).util_centi_percent.store(0, Relaxed);
+            }
+        }
     }
 
     /// Written by HAMi's monitor: -1 asks a lower-priority container to pause launches.
