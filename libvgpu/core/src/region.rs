@@ -522,9 +522,20 @@ impl Region {
         if !meta.file_type().is_file() {
             return Err(invalid(path, "not a regular file"));
         }
-        check_file(&file, meta.len()).map_err(|reason| invalid(path, reason))?;
-        // Valid files of ours were allocated by their creator; do not touch other blocks.
-        let base = map_shared(Some(file.as_raw_fd())).map_err(|e| io_err(path, "mmap", e))?;
+        // A creator initializes under the table lock: wait (bounded) so we do not read it half
+        // written; a holder stuck past the bound does not stop a tool from reading.
+        let fd = file.as_raw_fd();
+        let locked = lock::lock_until(fd, true, LOCK_TABLE, Instant::now() + LOCK_BOUND).unwrap_or(false);
+        let res = file
+            .metadata()
+            .map_err(|e| io_err(path, "stat", e))
+            .and_then(|m| check_file(&file, m.len()).map_err(|reason| invalid(path, reason)))
+            // Valid files of ours were allocated by their creator; do not touch other blocks.
+            .and_then(|()| map_shared(Some(fd)).map_err(|e| io_err(path, "mmap", e)));
+        if locked {
+            lock::unlock(fd, LOCK_TABLE);
+        }
+        let base = res?;
         let r = Self::from_parts(base, Some(file), Some(path.to_path_buf()), false);
         r.keep_lock().ident = Some(ident_of(&meta));
         Ok(r)
