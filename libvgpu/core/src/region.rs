@@ -234,6 +234,8 @@ pub struct Region {
     owned: Box<[AtomicBool]>,
     /// Registered id -> index in the current mapping (identity until a re-attach).
     slot_map: Box<[AtomicU32]>,
+    /// Ids registered by this handle (an id is the index it was registered at when free).
+    ids: Box<[AtomicBool]>,
     /// Whether this handle holds the liveness read lock (users do, tools do not).
     live: bool,
     pid: u32,
@@ -591,6 +593,7 @@ impl Region {
             dev_stall_until: std::array::from_fn(|_| AtomicU64::new(0)),
             owned: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             slot_map: (0..MAX_PROCS as u32).map(AtomicU32::new).collect(),
+            ids: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             live,
             pid: std::process::id(),
         }
@@ -769,6 +772,7 @@ impl Region {
         }
         for (i, m) in self.slot_map.iter().enumerate() {
             m.store(i as u32, Relaxed);
+            self.ids[i].store(false, Relaxed);
         }
         self.pid = std::process::id();
         let Some(path) = self.path.clone() else { return Ok(()) };
@@ -842,17 +846,12 @@ impl Region {
         };
         let old_base = self.base();
         // Our slots in the new file (at the same index when free there).
-        let mine: Vec<(usize, usize)> = (0..MAX_PROCS)
-            .filter_map(|id| {
-                let i = self.slot_map[id].load(Relaxed) as usize;
-                self.owned[i].load(Relaxed).then_some((id, i))
-            })
-            .collect();
+        let mine: Vec<(usize, usize)> = self.own_slots().iter().map(|s| (s.index(), self.phys(*s))).collect();
         let mut moved = Vec::new();
         for &(id, old_i) in &mine {
             let pid = old_base_slot(old_base, old_i).pid.load(Relaxed);
             match new.register_at(pid, Some(id)) {
-                Ok(ns) => moved.push((id, old_i, ns.index())),
+                Ok(ns) => moved.push((id, old_i, new.phys(ns))),
                 Err(e) => {
                     crate::error!("re-attaching to the new shared region {}: {e}", path.display());
                 }
@@ -1025,10 +1024,15 @@ impl Region {
             x.priority.store(v1.priority.load(Relaxed), Relaxed);
             x.flags.store(SLOT_FLAG_HOSTPID_UNKNOWN, Relaxed);
             x.registered_ns.store(crate::clock::now_ns(), Relaxed);
+            // The id is the index when this handle does not use that id yet (always, unless
+            // slots moved in a re-attach).
+            let id = if !self.ids[i].load(Relaxed) { i } else { (0..MAX_PROCS).find(|&j| !self.ids[j].load(Relaxed)).unwrap_or(i) };
+            self.ids[id].store(true, Relaxed);
+            self.slot_map[id].store(i as u32, Release);
             self.owned[i].store(true, Relaxed);
             p.status.store(1, Release);
             let _ = v1.proc_num.fetch_max(i as i32 + 1, AcqRel);
-            return Ok(SlotId(i as u32 | OWN));
+            return Ok(SlotId(id as u32 | OWN));
         }
         Err(RegionError::TableFull)
     }
@@ -1047,6 +1051,11 @@ impl Region {
         }
         let t = self.lock_table_until(deadline);
         self.owned[i].store(false, Relaxed);
+        for (id, m) in self.slot_map.iter().enumerate() {
+            if m.load(Relaxed) as usize == i && self.ids[id].swap(false, Relaxed) {
+                m.store(id as u32, Relaxed);
+            }
+        }
         self.free_slot(i);
         if let Some(fd) = self.fd() {
             lock::unlock(fd, LOCK_SLOT + i as i64);
@@ -1064,10 +1073,7 @@ impl Region {
 
     /// Slots this handle registered.
     pub fn own_slots(&self) -> Vec<SlotId> {
-        (0..MAX_PROCS)
-            .filter(|&id| self.owned[self.slot_map[id].load(Relaxed) as usize].load(Relaxed))
-            .map(|id| SlotId(id as u32 | OWN))
-            .collect()
+        (0..MAX_PROCS).filter(|&id| self.ids[id].load(Relaxed)).map(|id| SlotId(id as u32 | OWN)).collect()
     }
 
     fn clear_slot_data(&self, i: usize) {

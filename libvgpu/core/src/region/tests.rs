@@ -815,3 +815,33 @@ fn slot_writes_leave_the_seqlock_even() {
     let _ = r.proc_usage(s, 0);
     assert!(t.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn slots_follow_through_repeated_reattaches() {
+    let p = TempPath::new("reattach2");
+    let a = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
+    let s1 = a.register(1).unwrap();
+    let s2 = a.register(2).unwrap();
+    a.try_reserve(s1, 0, MemKind::Data, GIB).unwrap();
+    a.try_reserve(s2, 0, MemKind::Data, 2 * GIB).unwrap();
+    for round in 0..3 {
+        // someone else takes index 0 in the replacement, so our slots move
+        std::fs::remove_file(&p.0).unwrap();
+        let other = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
+        let so = other.register(100 + round).unwrap();
+        assert!(a.reattach_if_replaced().unwrap(), "round {round}");
+        assert_eq!(a.own_slots().len(), 2, "round {round}");
+        assert_eq!(other.device_used(0), 3 * GIB, "round {round}");
+        assert!(matches!(other.try_reserve(so, 0, MemKind::Data, 2 * GIB), Err(ReserveError::OverLimit { .. })));
+        drop(other);
+    }
+    let s3 = a.register(3).unwrap();
+    assert_eq!(a.own_slots().len(), 3);
+    a.release(s1, 0, MemKind::Data, GIB);
+    assert_eq!(a.device_used(0), 2 * GIB);
+    a.unregister(s3).unwrap();
+    assert_eq!(a.own_slots().len(), 2);
+    drop(a);
+    let b = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
+    assert_eq!((b.device_used(0), b.live_slots().count()), (0, 0));
+}
