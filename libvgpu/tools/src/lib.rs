@@ -379,7 +379,11 @@ pub fn parse_args(cli: clap::Command) -> clap::ArgMatches {
     match cli.try_get_matches() {
         Ok(m) => m,
         Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
-            emit(&e.render().to_string());
+            let text = e.render().to_string();
+            emit(&text);
+            if !text.ends_with('\n') {
+                emit("\n");
+            }
             std::process::exit(0);
         }
         Err(e) => {

@@ -166,7 +166,12 @@ fn create_new_and_version() {
     let r = Region::open_existing(&t.0).unwrap();
     assert_eq!(r.limit(0), Some(3000 * MIB));
     assert_eq!(r.sm_limit(0), Some(40));
+    assert_eq!(r.device_num(), 1, "a global SM cap invented devices");
     drop(r);
+    // a global cap alone: one device, not sixteen
+    let t2 = Tmp::new();
+    tool("shrreg-tool").args(["--file", t2.0.to_str().unwrap(), "--create_new"]).env("CUDA_DEVICE_MEMORY_LIMIT", "1g").assert().success();
+    assert_eq!(Region::open_existing(&t2.0).unwrap().device_num(), 1);
     let a = tool("shrreg-tool").args(["--file", f, "--version"]).assert().success();
     assert!(stdout(&a).contains("layout 1.2"), "{}", stdout(&a));
     // refused while a live process uses the region

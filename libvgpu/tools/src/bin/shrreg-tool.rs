@@ -138,11 +138,18 @@ fn init_from_env() -> RegionInit {
     for p in &cfg.problems {
         eprintln!("shrreg-tool: warning: {p}");
     }
-    // Devices: the UUID list when given, else up to the highest device with a per-device limit.
+    // Devices: the UUID list when given, else up to the highest per-device variable (`_<i>`),
+    // else one. A global cap alone must not invent 16 devices.
     let mut n = cfg.devices_uuid.len();
-    for d in 0..MAX_DEVICES {
-        if cfg.mem_limit(d, 0).is_some() || cfg.sm_limit(d).is_some() {
-            n = n.max(d + 1);
+    if n == 0 {
+        n = 1;
+        for (k, _) in std::env::vars() {
+            let families = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_MEM_LIMIT_", "CUDA_DEVICE_SM_LIMIT_", "CUDA_CORE_LIMIT_"];
+            if let Some(i) = families.iter().find_map(|f| k.strip_prefix(f)).and_then(|i| i.parse::<usize>().ok()) {
+                if i < MAX_DEVICES {
+                    n = n.max(i + 1);
+                }
+            }
         }
     }
     let physical = vec![0u64; n.min(MAX_DEVICES)];
