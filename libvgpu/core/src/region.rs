@@ -608,8 +608,19 @@ impl Region {
         let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
         check_owner(path, &meta, created)?;
         let fd = file.as_raw_fd();
-        if !lock::lock_until(fd, true, LOCK_TABLE, Instant::now() + LOCK_BOUND).map_err(RegionError::Lock)? {
-            return Err(RegionError::Busy("table"));
+        let deadline = Instant::now() + LOCK_BOUND;
+        loop {
+            if !lock::lock_until(fd, true, LOCK_TABLE, deadline).map_err(RegionError::Lock)? {
+                return Err(RegionError::Busy("table"));
+            }
+            // An empty file of another user may be one its creator has not initialized yet (it
+            // takes the table lock right after creating): give it until the deadline.
+            let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
+            if !(empty && !created && std::os::unix::fs::MetadataExt::uid(&meta) != euid()) || Instant::now() >= deadline {
+                break;
+            }
+            lock::unlock(fd, LOCK_TABLE);
+            std::thread::sleep(Duration::from_millis(5));
         }
         let (base, fresh) = match Self::open_locked(path, &file, &meta, created, mode) {
             Ok(v) => v,
