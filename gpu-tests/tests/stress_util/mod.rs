@@ -251,9 +251,17 @@ impl Live {
         drop(self.stdin.take());
         let st = wait_timeout(&mut self.child, limit);
         let err = self.err.take().map(|h| h.join().unwrap()).unwrap_or_default();
-        while let Ok(l) = self.lines.try_recv() {
-            self.seen.push_str(&l);
-            self.seen.push('\n');
+        // The reader thread may still be forwarding the last lines: take them until it sees EOF
+        // (bounded: a grandchild may hold the pipe open).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push_str(&l);
+                    self.seen.push('\n');
+                }
+                Err(_) => break,
+            }
         }
         match st {
             Some(s) => (s, std::mem::take(&mut self.seen), err),
