@@ -238,9 +238,8 @@ pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
 }
 
 /// Every `UPKEEP_EVERY` ticks: re-attach when the region file was deleted or replaced (one
-/// `lstat`), reap slots of processes that died without cleaning up (never waits for the table
-/// lock) so lock-free readers such as HAMi's monitor see only live processes, and let the
-/// container's utilization fall to 0 once nothing launches.
+/// `lstat`), and reap slots of processes that died without cleaning up (never waits for the table
+/// lock) so lock-free readers such as HAMi's monitor see only live processes.
 const UPKEEP_EVERY: u32 = 10;
 
 fn region_upkeep(ps: &ProcState, tick: u32) {
@@ -251,5 +250,4 @@ fn region_upkeep(ps: &ProcState, tick: u32) {
         vgpu_core::error!("the shared region was deleted or replaced and re-attaching failed ({e}); keeping the old one");
     }
     ps.region.reap_dead_nowait();
-    ps.region.decay_idle_util(ps.devices.len());
 }

@@ -29,7 +29,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
+use memmap2::{MmapOptions, MmapRaw};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -201,7 +201,7 @@ impl RegionInit {
     }
 }
 
-/// Utilization older than this (no launch by any live process) reads as 0.
+/// A utilization figure nobody refreshed for this long (no window closed, no launch) reads as 0.
 pub const UTIL_WINDOW_NS: u64 = 2_000_000_000;
 
 /// How long a hooked call may wait for a region lock held by another process (or thread) before
@@ -244,7 +244,7 @@ pub struct Region {
 #[derive(Default)]
 struct Keep {
     files: Vec<File>,
-    maps: Vec<usize>,
+    maps: Vec<MmapRaw>,
     /// (st_dev, st_ino) of the current file.
     ident: Option<(u64, u64)>,
     /// Identity of a replacement we failed to attach (not retried until the path changes again).
@@ -269,23 +269,16 @@ fn invalid(path: &Path, reason: impl Into<String>) -> RegionError {
     RegionError::Invalid { path: path.to_path_buf(), reason: reason.into() }
 }
 
-fn map_shared(fd: Option<RawFd>) -> io::Result<NonNull<u8>> {
-    let (flags, fd) = match fd {
-        Some(fd) => (libc::MAP_SHARED, fd),
-        None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
-    };
-    // SAFETY: fresh mapping of TOTAL_SIZE bytes; the file (if any) is at least that long and its
-    // blocks are allocated (posix_fallocate), so touching it cannot SIGBUS.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), TOTAL_SIZE, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
+/// Map TOTAL_SIZE bytes of `file` shared, or of private anonymous memory (memmap2: the one
+/// mapping mechanism of the workspace). The file's blocks are allocated first (posix_fallocate),
+/// so touching the mapping cannot SIGBUS.
+fn map_region(file: Option<&File>) -> io::Result<MmapRaw> {
+    let mut o = MmapOptions::new();
+    o.len(TOTAL_SIZE);
+    match file {
+        Some(f) => o.map_raw(f),
+        None => o.map_anon().map(MmapRaw::from),
     }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
-}
-
-fn unmap(p: NonNull<u8>) {
-    // SAFETY: p came from map_shared with TOTAL_SIZE.
-    unsafe { libc::munmap(p.as_ptr().cast(), TOTAL_SIZE) };
 }
 
 /// Allocate the region's blocks for real, so a full filesystem is an error now instead of a
@@ -533,7 +526,7 @@ impl Region {
             .map_err(|e| io_err(path, "stat", e))
             .and_then(|m| check_file(&file, m.len()).map_err(|reason| invalid(path, reason)))
             // Valid files of ours were allocated by their creator; do not touch other blocks.
-            .and_then(|()| map_shared(Some(fd)).map_err(|e| io_err(path, "mmap", e)));
+            .and_then(|()| map_region(Some(&file)).map_err(|e| io_err(path, "mmap", e)));
         if locked {
             lock::unlock(fd, LOCK_TABLE);
         }
@@ -558,13 +551,9 @@ impl Region {
             return Err(invalid(path, "not a regular file"));
         }
         check_file(&file, meta.len()).map_err(|reason| invalid(path, reason))?;
-        let base = map_shared(None).map_err(|e| io_err(path, "mmap", e))?;
-        // SAFETY: fresh private mapping of TOTAL_SIZE bytes, not shared with anyone yet.
-        let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr(), TOTAL_SIZE) };
-        if let Err(e) = file.read_exact_at(buf, 0) {
-            unmap(base);
-            return Err(io_err(path, "read", e));
-        }
+        let mut copy = MmapOptions::new().len(TOTAL_SIZE).map_anon().map_err(|e| io_err(path, "mmap", e))?;
+        file.read_exact_at(&mut copy[..], 0).map_err(|e| io_err(path, "read", e))?;
+        let base = MmapRaw::from(copy);
         let mut r = Self::from_parts(base, None, Some(path.to_path_buf()), false);
         r.probe = Some(file);
         Ok(r)
@@ -573,18 +562,18 @@ impl Region {
     /// An anonymous region with the same API: limits still apply to this process (fallback when
     /// the file cannot be used). Fails only if the kernel refuses a 2 MiB anonymous mapping.
     pub fn private(init: &RegionInit) -> Result<Region, RegionError> {
-        let base = map_shared(None).map_err(|e| RegionError::Io { path: PathBuf::from("<private>"), op: "mmap", err: e })?;
+        let base = map_region(None).map_err(|e| RegionError::Io { path: PathBuf::from("<private>"), op: "mmap", err: e })?;
         let r = Self::from_parts(base, None, None, true);
         r.init_fresh(init);
         Ok(r)
     }
 
-    fn from_parts(base: NonNull<u8>, file: Option<File>, path: Option<PathBuf>, live: bool) -> Region {
+    fn from_parts(base: MmapRaw, file: Option<File>, path: Option<PathBuf>, live: bool) -> Region {
         let fd = file.as_ref().map_or(-1, |f| f.as_raw_fd());
         Region {
-            base: AtomicPtr::new(base.as_ptr()),
+            base: AtomicPtr::new(base.as_mut_ptr()),
             fd: AtomicI32::new(fd),
-            keep: Mutex::new(Keep { files: file.into_iter().collect(), maps: vec![base.as_ptr() as usize], ..Keep::default() }),
+            keep: Mutex::new(Keep { files: file.into_iter().collect(), maps: vec![base], ..Keep::default() }),
             probe: None,
             path,
             init: None,
@@ -642,7 +631,7 @@ impl Region {
     }
 
     /// Under the table lock: validate or (re)initialize, allocate, map, take the liveness lock.
-    fn open_locked(path: &Path, file: &File, meta: &std::fs::Metadata, created: bool, mode: OpenMode) -> Result<(NonNull<u8>, bool), RegionError> {
+    fn open_locked(path: &Path, file: &File, meta: &std::fs::Metadata, created: bool, mode: OpenMode) -> Result<(MmapRaw, bool), RegionError> {
         use std::os::unix::fs::MetadataExt;
         let fd = file.as_raw_fd();
         // Re-read the size under the lock (another process may have initialized it meanwhile).
@@ -681,7 +670,7 @@ impl Region {
                 // Other users of the container may run as another uid (the file is ours).
                 let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
             }
-            map_shared(Some(fd)).map_err(|e| io_err(path, "mmap", e))
+            map_region(Some(file)).map_err(|e| io_err(path, "mmap", e))
         })();
         let base = match res {
             Ok(b) => b,
@@ -699,7 +688,6 @@ impl Region {
             if let Err(e) = lock::lock_until(fd, false, LOCK_LIVENESS, Instant::now() + LOCK_BOUND)
                 .and_then(|ok| if ok { Ok(()) } else { Err(io::Error::from_raw_os_error(libc::EAGAIN)) })
             {
-                unmap(base);
                 return Err(RegionError::Lock(e));
             }
         } else {
@@ -805,19 +793,18 @@ impl Region {
             let meta = file.metadata().map_err(|e| io_err(&path, "stat", e))?;
             check_owner(&path, &meta, false)?;
             check_file(&file, meta.len()).map_err(|reason| invalid(&path, reason))?;
-            let base = map_shared(Some(fd)).map_err(|e| io_err(&path, "mmap", e))?;
+            let base = map_region(Some(&file)).map_err(|e| io_err(&path, "mmap", e))?;
             if self.live && !lock::lock_until(fd, false, LOCK_LIVENESS, Instant::now() + LOCK_BOUND).map_err(RegionError::Lock)? {
-                unmap(base);
                 return Err(RegionError::Busy("liveness"));
             }
             Ok((base, ident_of(&meta)))
         })();
         lock::unlock(fd, LOCK_TABLE);
         let (base, ident) = res?;
-        self.base.store(base.as_ptr(), Release);
+        self.base.store(base.as_mut_ptr(), Release);
         self.fd.store(fd, Release);
         let mut k = self.keep_lock();
-        k.maps.push(base.as_ptr() as usize);
+        k.maps.push(base);
         k.files.push(file);
         k.ident = Some(ident);
         Ok(())
@@ -1516,28 +1503,26 @@ impl Region {
         self.slot(slot).device_util.get(dev).map_or(0, |u| u.sm_util.load(Relaxed))
     }
 
-    /// The container's utilization of `dev` in percent x 100 (the limiter's window), or 0 when no
-    /// live process launched within [`UTIL_WINDOW_NS`]: a rate over a recent window that falls to
-    /// 0 when nothing launches, whoever wrote the last value.
+    /// The container's utilization of `dev` in percent x 100 as readers should show it: the
+    /// stored figure while it is fresh, 0 once nothing keeps it up to date. Fresh means a live
+    /// process's limiter closed a utilization window on the device within [`UTIL_WINDOW_NS`] (a
+    /// gated process does every 0.5 s, launching or not: its figure falls to 0 by itself when it
+    /// stops), or a live process launched within it (the ungated path writes the figure only when
+    /// it launches). So the rate falls to 0 when nothing launches, and a launching process never
+    /// reads 0. Readers only: the stored value is the limiter's.
     pub fn recent_util_centi(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
         let now = crate::clock::now_ns();
-        let recent = self.live_slots().any(|s| {
-            let t = self.slot_ext(s).last_launch_ns.load(Relaxed);
-            t != 0 && now.saturating_sub(t) < UTIL_WINDOW_NS && self.slot_owner_alive(s)
-        });
+        let fresh = |t: u64| t != 0 && now.saturating_sub(t) < UTIL_WINDOW_NS;
+        let window = fresh(self.limiter(dev).window_start_ns.load(Relaxed));
+        let recent = window
+            || self.live_slots().any(|s| fresh(self.slot_ext(s).last_launch_ns.load(Relaxed)) && self.slot_owner_alive(s));
         if recent {
             self.limiter(dev).util_centi_percent.load(Relaxed).min(10_000)
         } else {
             0
-        }
-    }
-
-    /// Zero the stored utilization of devices nobody launched on recently (monitor thread).
-    pub fn decay_idle_util(&self, devices: usize) {
-        for d in 0..devices.min(MAX_DEVICES) {
-            if self.recent_util_centi(d) == 0 {
-                self.limiter(d).util_centi_percent.store(0, Relaxed);
-            }
         }
     }
 
@@ -1589,12 +1574,8 @@ impl Drop for Region {
                 let _ = self.unregister(s);
             }
         }
-        let k = std::mem::take(&mut *self.keep_lock());
-        for m in k.maps {
-            if let Some(p) = NonNull::new(m as *mut u8) {
-                unmap(p);
-            }
-        }
+        // Unmaps every mapping (memmap2) and closes every file.
+        drop(std::mem::take(&mut *self.keep_lock()));
     }
 }
 
