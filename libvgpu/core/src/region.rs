@@ -208,9 +208,10 @@ pub const UTIL_WINDOW_NS: u64 = 2_000_000_000;
 /// it goes on without it. Correctness never depends on getting the lock in time: reservations
 /// add-then-check (see [`Region::try_reserve`]), so a stopped holder delays nobody past this.
 pub const LOCK_BOUND: Duration = Duration::from_millis(500);
-/// After a device lock timed out, further attempts within this time try once without waiting
-/// (a stopped holder costs one bound, not one per allocation).
+/// After a device lock timed out, further attempts within this time wait only `STALL_WAIT` (a
+/// stopped holder costs one bound, not one per allocation); the first success clears it.
 const STALL_MEMORY_NS: u64 = 5_000_000_000;
+const STALL_WAIT: Duration = Duration::from_millis(10);
 
 /// A mapped region (file-backed, or private anonymous memory with the same API).
 pub struct Region {
@@ -392,7 +393,7 @@ fn lock_mu_until(m: &Mutex<()>, deadline: Instant) -> Option<MutexGuard<'_, ()>>
             return None;
         }
         std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(1));
+        pause = (pause * 2).min(Duration::from_micros(100));
     }
 }
 
@@ -952,10 +953,15 @@ impl Region {
         let m = self.dev_mu.get(dev).ok_or(RegionError::BadDevice(dev))?;
         let now = crate::clock::now_ns();
         let stalled = now < self.dev_stall_until[dev].load(Relaxed);
-        let deadline = if stalled { Instant::now() } else { Instant::now() + LOCK_BOUND };
+        let deadline = Instant::now() + if stalled { STALL_WAIT } else { LOCK_BOUND };
         let fd = self.fd();
         match lock_both(m, fd, LOCK_DEVICE + dev as i64, deadline, "device") {
-            Ok(g) => Ok(DeviceGuard { r: self, dev, fd, _g: g }),
+            Ok(g) => {
+                if stalled {
+                    self.dev_stall_until[dev].store(0, Relaxed);
+                }
+                Ok(DeviceGuard { r: self, dev, fd, _g: g })
+            }
             Err(e) => {
                 if matches!(e, RegionError::Busy(_)) && !stalled {
                     self.dev_stall_until[dev].store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);

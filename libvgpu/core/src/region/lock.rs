@@ -63,7 +63,9 @@ pub fn lock_until(fd: RawFd, write: bool, byte: i64, deadline: std::time::Instan
             return Ok(false);
         }
         std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(std::time::Duration::from_millis(2));
+        // Short pauses: polling is less fair than a queued F_OFD_SETLKW, so a waiter must look
+        // often enough not to be starved by newcomers while the lock changes hands quickly.
+        pause = (pause * 2).min(std::time::Duration::from_micros(250));
     }
 }
 
