@@ -445,18 +445,16 @@ extern "C" fn atfork_child() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Exit: give our slot back, so readers (our tools, HAMi's monitor) never see an exited process.
-
-/// How long the exit handler may wait for the region's table lock (the slot is cleared anyway).
-const EXIT_LOCK_BOUND: std::time::Duration = std::time::Duration::from_millis(100);
+// Exit: leave our slot, so readers (our tools, HAMi's monitor) never see an exited process.
 
 static EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 /// `atexit` (once per process image; inherited across fork, so the handler checks the pid): runs
 /// on a normal exit and on `exit()` from any thread, before static destructors registered
-/// earlier (CUDA frees made by those later find our slot gone and change nothing). A killed
-/// process is reaped by the others as before; an exec'd image reaps its old slot when it
-/// registers.
+/// earlier. The slot disappears for readers at once and keeps counting against the cap until the
+/// process is gone (the driver frees its memory at teardown), then the container's other
+/// processes reap it; CUDA frees made by later destructors change nothing. Lock-free. A killed
+/// process is reaped as before; an exec'd image's slot likewise.
 fn register_exit_cleanup() {
     if !EXIT_REGISTERED.swap(true, Ordering::AcqRel) {
         // SAFETY: registering a plain extern "C" function.
@@ -471,7 +469,7 @@ extern "C" fn exit_cleanup() {
             return; // a forked child that never used CUDA: the slot is its parent's
         }
         for s in ps.region.own_slots() {
-            let _ = ps.region.unregister_until(s, std::time::Instant::now() + EXIT_LOCK_BOUND);
+            ps.region.leave(s);
         }
     });
 }

@@ -1107,17 +1107,46 @@ impl Region {
         self.clear_slot_data(i);
         p.pid.store(0, Relaxed);
         p.hostpid.store(0, Relaxed);
-        self.body().slots[i].generation.fetch_add(1, AcqRel);
+        let x = &self.body().slots[i];
+        x.flags.store(0, Release);
+        x.generation.fetch_add(1, AcqRel);
     }
 
     /// Keep live slots within [0, proc_num) (HAMi's monitor scans only that prefix).
     fn compact(&self) {
-        let v1 = self.v1();
         let mut n = self.proc_num_clamped();
-        while n > 0 && v1.procs[n - 1].status.load(Acquire) == 0 {
+        while n > 0 && !self.counts(n - 1) {
             n -= 1;
         }
-        v1.proc_num.store(n as i32, Release);
+        self.v1().proc_num.store(n as i32, Release);
+    }
+
+    /// Whether slot `i` counts against the caps: live, or exiting and not yet reaped.
+    fn counts(&self, i: usize) -> bool {
+        self.v1().procs[i].status.load(Acquire) != 0 || self.body().slots[i].flags.load(Acquire) & SLOT_FLAG_EXITING != 0
+    }
+
+    /// At exit: the slot disappears for readers at once (`status` 0: HAMi's monitor and our tools
+    /// skip it) but keeps its usage counting against the caps until the process is really gone
+    /// (the driver frees its memory, the context at least, only at teardown); reapers free it once
+    /// its lifetime lock is released. Lock-free; later writes through this handle change nothing.
+    pub fn leave(&self, slot: SlotId) {
+        let i = self.phys(slot);
+        if !self.owned[i].swap(false, Relaxed) {
+            return;
+        }
+        let p = &self.v1().procs[i];
+        // Flag before status (Release): a reader that sees status 0 sees the flag.
+        self.body().slots[i].flags.fetch_or(SLOT_FLAG_EXITING, AcqRel);
+        for u in &p.device_util {
+            u.sm_util.store(0, Relaxed);
+        }
+        p.status.store(0, Release);
+        for (id, m) in self.slot_map.iter().enumerate() {
+            if m.load(Relaxed) as usize == i && self.ids[id].swap(false, Relaxed) {
+                m.store(id as u32, Relaxed);
+            }
+        }
     }
 
     /// Free slots whose owner died (its slot byte can be locked). Returns how many were freed.
@@ -1149,7 +1178,7 @@ impl Region {
         let Some(fd) = self.fd() else { return 0 };
         let mut freed = 0;
         for i in 0..self.proc_num_clamped() {
-            if self.v1().procs[i].status.load(Acquire) == 0 || self.owned[i].load(Relaxed) {
+            if !self.counts(i) || self.owned[i].load(Relaxed) {
                 continue;
             }
             let byte = LOCK_SLOT + i as i64;
@@ -1309,7 +1338,9 @@ impl Region {
         if dev >= MAX_DEVICES {
             return 0;
         }
-        self.live_slots().fold(0u64, |acc, s| acc.saturating_add(self.slot(s).used[dev].total.load(Acquire)))
+        (0..self.proc_num_clamped())
+            .filter(|&i| self.counts(i))
+            .fold(0u64, |acc, i| acc.saturating_add(self.v1().procs[i].used[dev].total.load(Acquire)))
     }
 
     pub fn proc_used(&self, slot: SlotId, dev: usize) -> u64 {

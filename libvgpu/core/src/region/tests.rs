@@ -845,3 +845,23 @@ fn slots_follow_through_repeated_reattaches() {
     let b = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
     assert_eq!((b.device_used(0), b.live_slots().count()), (0, 0));
 }
+
+#[test]
+fn a_slot_left_at_exit_is_gone_for_readers_but_counts_until_its_owner_is() {
+    let p = TempPath::new("leave");
+    let a = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    let s = a.register(1).unwrap();
+    a.try_reserve(s, 0, MemKind::Context, GIB).unwrap();
+    a.leave(s);
+    a.release(s, 0, MemKind::Context, GIB); // a late free from a destructor changes nothing
+    let b = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    let sb = b.register(2).unwrap();
+    assert_eq!(b.live_slots().count(), 1, "only b is live for readers");
+    assert_eq!(b.v1().procs[s.index()].status.load(Relaxed), 0);
+    assert_eq!(b.device_used(0), GIB, "the exiting process's memory still counts");
+    assert!(b.try_reserve(sb, 0, MemKind::Data, GIB + MIB).is_err());
+    drop(a); // the process is gone: its lifetime lock is released
+    assert_eq!(b.reap_dead(), 1);
+    assert_eq!(b.device_used(0), 0);
+    b.try_reserve(sb, 0, MemKind::Data, GIB + MIB).unwrap();
+}
