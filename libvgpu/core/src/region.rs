@@ -642,12 +642,17 @@ impl Region {
             (OpenMode::User, None) => false,
             (_, reason) => {
                 let reason = reason.unwrap_or_else(|| "reinitialize requested".into());
-                let ours = created || meta.uid() == euid();
+                // A file with other hard links is someone else's too (a link planted to a file
+                // elsewhere), whoever owns it.
+                let ours = created || (meta.uid() == euid() && meta.nlink() == 1);
                 // Only an empty file, or one of ours (extension magic), may be rewritten, and only
                 // by its owner: anything else is someone else's file.
                 if !ours {
                     let what = if size == 0 { "empty".to_string() } else { reason };
-                    return Err(invalid(path, format!("{what}, and owned by uid {}: not ours to initialize", meta.uid())));
+                    return Err(invalid(
+                        path,
+                        format!("{what}, owned by uid {} with {} link(s): not ours to initialize", meta.uid(), meta.nlink()),
+                    ));
                 }
                 if size != 0 && !has_our_magic(file, size) {
                     return Err(invalid(path, format!("{reason}; not a libvgpu region, leaving it untouched")));

@@ -865,3 +865,19 @@ fn a_slot_left_at_exit_is_gone_for_readers_but_counts_until_its_owner_is() {
     assert_eq!(b.device_used(0), 0);
     b.try_reserve(sb, 0, MemKind::Data, GIB + MIB).unwrap();
 }
+
+#[test]
+fn a_hard_link_to_another_file_is_never_initialized() {
+    let dir = std::env::temp_dir().join(format!("vgpu-hardlink-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let elsewhere = dir.join("some-empty-config");
+    let path = dir.join("cudevshr.cache");
+    write_file(&elsewhere, b"");
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&elsewhere, &path).unwrap();
+    let e = Region::open(&path, &init_with(Some(GIB), None)).err().expect("initialized a hard-linked file");
+    assert!(e.to_string().contains("link"), "{e}");
+    let m = std::fs::metadata(&elsewhere).unwrap();
+    assert_eq!((m.len(), m.permissions().mode() & 0o777), (0, 0o600));
+    let _ = std::fs::remove_dir_all(&dir);
+}
