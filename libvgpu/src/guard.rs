@@ -28,10 +28,15 @@ pub fn ffi_guard<F: FnOnce() -> i32>(name: &'static str, unknown: i32, f: F) -> 
     }
 }
 
-/// At init: silence the default panic message (the guard logs one line instead) and arm the
-/// test injection. The hook is this library's own (its std is not the host program's).
+/// At init: replace the default panic message (several lines) with nothing in hooked calls (the
+/// guard logs one line) and one line elsewhere (the monitor thread), and arm the test injection.
+/// The hook is this library's own (its std is not the host program's).
 pub fn init() {
-    std::panic::set_hook(Box::new(|_| {}));
+    std::panic::set_hook(Box::new(|info| {
+        if std::thread::current().name() == Some("vgpu-monitor") {
+            vgpu_core::error!("internal error in the monitor thread ({info}); run-time limit changes stop applying");
+        }
+    }));
     if let Ok(name) = std::env::var("LIBVGPU_TEST_PANIC") {
         if INJECT_NAME.set(name).is_ok() {
             INJECT.store(true, Ordering::Release);
