@@ -17,15 +17,16 @@ pub fn ffi_guard<F: FnOnce() -> i32>(name: &'static str, unknown: i32, f: F) -> 
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            vgpu_core::error!("internal error in hook {name} ({msg}); returning error {unknown}");
+            vgpu_core::error!("internal error in hook {name} ({}); returning error {unknown}", payload_text(&*p));
             unknown
         }
     }
+}
+
+/// A panic's message, on one line.
+fn payload_text(p: &(dyn std::any::Any + Send)) -> String {
+    let s = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+    s.replace('\n', " ")
 }
 
 /// At init: replace the default panic message (several lines) with nothing in hooked calls (the
@@ -34,7 +35,8 @@ pub fn ffi_guard<F: FnOnce() -> i32>(name: &'static str, unknown: i32, f: F) -> 
 pub fn init() {
     std::panic::set_hook(Box::new(|info| {
         if std::thread::current().name() == Some("vgpu-monitor") {
-            vgpu_core::error!("internal error in the monitor thread ({info}); run-time limit changes stop applying");
+            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            vgpu_core::error!("internal error in the monitor thread ({}{at}); run-time limit changes stop applying", payload_text(info.payload()));
         }
     }));
     if let Ok(name) = std::env::var("LIBVGPU_TEST_PANIC") {
