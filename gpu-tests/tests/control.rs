@@ -13,7 +13,7 @@ mod hook_util;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{live_region, mean, metric_samples, second_rates, tool, Bg, Json, Scratch};
+use common::{live_region, mean, metric_samples, poll, second_rates, tool, Bg, Json, Scratch};
 use hook_util::{hooked, num};
 use serial_test::serial;
 use vgpu_core::region::Region;
@@ -275,15 +275,14 @@ fn running_usage_and_utilization_show_in_print_json_and_metrics() {
         assert_eq!(v.len(), 1, "{name} with {label:?}:\n{m}");
         v[0]
     };
-    let dev0 = "vdeviceid=\"0\"";
-    assert_eq!(one("vGPU_device_memory_usage_in_bytes", dev0) as u64, used, "{m}");
-    assert_eq!(one("vGPU_device_memory_limit_in_bytes", dev0) as u64, 4 * GIB);
+    let dev0 = "vdevice_index=\"0\"";
+    assert_eq!(one("hami_vgpu_memory_used_bytes", dev0) as u64, used, "{m}");
+    assert_eq!(one("hami_vgpu_memory_limit_bytes", dev0) as u64, 4 * GIB);
     assert_eq!(one("vgpu_device_sm_limit_percent", dev0), 50.0);
-    assert!(dev_util_ok(one("Device_utilization_desc_of_container", dev0)), "{m}");
-    assert_eq!(one("vgpu_process_memory_usage_in_bytes", &format!("pid=\"{lp}\"")) as u64, used);
-    let last = one("Device_last_kernel_of_container", dev0) as u64;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    assert!(now.abs_diff(last) <= 5, "last kernel time {last}, now {now}");
+    assert!(dev_util_ok(one("hami_container_device_utilization_ratio", dev0) * 100.0), "{m}");
+    assert_eq!(one("vgpu_process_memory_used_bytes", &format!("pid=\"{lp}\"")) as u64, used);
+    let elapsed = one("hami_container_last_kernel_elapsed_seconds", dev0);
+    assert!(elapsed <= 5.0, "last kernel {elapsed} s ago");
     run.stop();
 }
 
@@ -333,4 +332,35 @@ fn process_sm_util_follows_the_cap_and_launch_counts_only_grow() {
         "launch count of a running process (cumulative) went to 0 or backwards: {seen:?}"
     );
     run.stop();
+}
+
+/// Issue 12: the container's utilization is a rate over a recent window: once the last launching
+/// process has gone (an idle one stays), every view reads 0 within a few seconds, and stays 0.
+#[test]
+#[serial(mock_gpu_timing)]
+fn utilization_decays_to_zero_when_nothing_launches() {
+    let s = Scratch::new("ctl-util-decay");
+    let mut c = hooked("test_alloc_paths", &s, Some("4g"));
+    c.args(["--path", "mem_alloc", "--size", "512m", "--hold", "--hold-seconds", "60"]).env("CUDA_DEVICE_SM_LIMIT", "50");
+    let mut holder = Bg::spawn(c, "holder");
+    holder.wait_line("holding=1", Duration::from_secs(10));
+    let run = capped_launcher(&s);
+    let util = |s: &Scratch| smi_json(s).get("devices").arr()[0].get("utilization_percent").num();
+    assert!(poll(Duration::from_secs(5), || (util(&s) > 10.0).then_some(())).is_some(), "no utilization while launching");
+    run.stop();
+    let t = Instant::now();
+    assert!(
+        poll(Duration::from_secs(6), || (util(&s) == 0.0).then_some(())).is_some(),
+        "utilization {} % {:?} after the last launching process exited",
+        util(&s),
+        t.elapsed()
+    );
+    let m = tool(&s, "vgpu-smi", &["--metrics"]);
+    let ratio: Vec<f64> = metric_samples(&m, "hami_container_device_utilization_ratio").into_iter().map(|(_, v)| v).collect();
+    assert_eq!(ratio, vec![0.0], "{m}");
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(util(&s), 0.0);
+    }
+    holder.stop();
 }

@@ -26,6 +26,7 @@ const OFF_SM_LIMIT: usize = 1728;
 const OFF_PROCS: usize = 1856;
 const SLOT_SIZE: usize = 1960;
 const OFF_PROC_NUM: usize = 2_008_896;
+const OFF_PRIORITY: usize = 2_008_908;
 const OFF_LAST_KERNEL_TIME: usize = 2_008_912;
 // proc slot
 const SLOT_PID: usize = 0;
@@ -146,4 +147,73 @@ fn a_live_region_read_at_the_v1_offsets_shows_what_the_processes_hold() {
 
     run.stop();
     holder.stop();
+}
+
+/// What HAMi's v1 reader exports for device 0, read from the raw bytes: (sum of `used[0].total`
+/// over slots with `status != 0`, pid -> (total, smUtil), limit[0], priority, last_kernel_time).
+type HamiView = (u64, Vec<(i32, u64, u64)>, u64, i32, u64);
+
+fn hami_view(region: &std::path::Path) -> HamiView {
+    let b = std::fs::read(region).expect("read the region file");
+    let mut procs: Vec<(i32, u64, u64)> = monitor_procs(&b, 0).iter().map(|p| (p.pid, p.total, p.sm_util)).collect();
+    procs.sort();
+    let sum = procs.iter().map(|p| p.1).sum();
+    (sum, procs, u64_at(&b, OFF_LIMIT), i32_at(&b, OFF_PRIORITY), u64_at(&b, OFF_LAST_KERNEL_TIME))
+}
+
+/// The same fields from `vgpu-smi --json`.
+fn smi_view(s: &Scratch) -> HamiView {
+    let j: serde_json::Value = serde_json::from_str(&tool(s, "vgpu-smi", &["--json"])).unwrap();
+    let d = &j["devices"][0];
+    let mut procs: Vec<(i32, u64, u64)> = d["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["pid"].as_i64().unwrap() as i32, p["used_bytes"].as_u64().unwrap(), p["sm_util_percent"].as_u64().unwrap()))
+        .collect();
+    procs.sort();
+    let limit = d["memory_limit_bytes"].as_u64().or(d["physical_bytes"].as_u64()).unwrap_or(0);
+    (d["memory_used_bytes"].as_u64().unwrap(), procs, limit, j["priority"].as_i64().unwrap() as i32, j["last_kernel_time"].as_u64().unwrap())
+}
+
+/// HAMi's reader and vgpu-smi agree at this moment: raw bytes before and after the tool run must
+/// be equal (nothing moved meanwhile) and equal the tool's view; retried while values move.
+fn agree(s: &Scratch, moment: &str) -> HamiView {
+    for _ in 0..20 {
+        let before = hami_view(&s.region());
+        let smi = smi_view(s);
+        let after = hami_view(&s.region());
+        if before == after {
+            assert_eq!(before, smi, "{moment}: HAMi's v1 reader (left) vs vgpu-smi --json (right)");
+            return before;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    panic!("{moment}: the region never held still for a comparison");
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn hami_reader_matches_vgpu_smi_through_start_run_exit() {
+    let s = Scratch::new("hami-seq");
+    let env = [("CUDA_DEVICE_MEMORY_LIMIT", "3g"), ("CUDA_DEVICE_SM_LIMIT", "40"), ("CUDA_TASK_PRIORITY", "0")];
+    let mut c = hooked("test_alloc_paths", &s, None);
+    c.args(["--path", "mem_alloc", "--size", "512m", "--hold", "--hold-seconds", "60"]).envs(env);
+    let mut holder = Bg::spawn(c, "holder");
+    holder.wait_line("holding=1", Duration::from_secs(10));
+    let v = agree(&s, "holder started");
+    assert_eq!((v.1.len(), v.2, v.3), (1, 3 * GIB, 0), "{v:?}");
+    let mut c = hooked("test_runtime_launch", &s, None);
+    c.args(["--us", "1000", "--seconds", "0", "--sync-every", "1"]).envs(env);
+    let mut run = Bg::spawn(c, "test_runtime_launch");
+    run.wait_line("second=2 ", Duration::from_secs(10));
+    let v = agree(&s, "launcher running");
+    assert_eq!(v.1.len(), 2, "{v:?}");
+    assert!(v.4 > 0, "last_kernel_time while launching: {v:?}");
+    run.stop();
+    let v = agree(&s, "launcher exited");
+    assert_eq!(v.1.len(), 1, "an exited process is still counted: {v:?}");
+    holder.stop();
+    let v = agree(&s, "all exited");
+    assert_eq!((v.0, v.1.len()), (0, 0), "no process left, yet: {v:?}");
 }

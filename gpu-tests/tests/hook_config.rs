@@ -79,20 +79,40 @@ fn unusable_region_falls_back_to_private_and_still_caps() {
     assert_eq!(num(&out, "allocated_bytes"), 512 * MIB - CTX, "{out}");
 }
 
-/// A corrupt region file nobody uses is recreated (one warning) and used.
-#[test]
-fn corrupt_region_is_recreated() {
-    let s = Scratch::new("hk-corrupt");
-    std::fs::write(s.region(), b"definitely not a region").unwrap();
-    let mut c = hooked("test_vram_limit", &s, Some("512m"));
+/// `test_vram_limit` under a 512 MiB cap exits 0, reaches exactly the cap, and printed one line
+/// containing `needle`.
+fn vram_limit_capped_with_one_line(s: &Scratch, needle: &str) {
+    let mut c = hooked("test_vram_limit", s, Some("512m"));
     c.args(["--step", "64m"]);
     let out = output(&mut c);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert_eq!(stderr.lines().filter(|l| l.contains("recreating")).count(), 1, "{stderr}");
+    assert_eq!(stderr.lines().filter(|l| l.contains(needle)).count(), 1, "{stderr}");
     assert_eq!(num(&stdout, "allocated_bytes"), 512 * MIB - CTX, "{stdout}");
+}
+
+/// A damaged libvgpu region (our extension magic, a wrong HAMi magic) nobody uses is recreated
+/// (one warning) and used.
+#[test]
+fn corrupt_region_is_recreated() {
+    let s = Scratch::new("hk-corrupt");
+    drop(vgpu_core::region::Region::create_new(s.region(), &Default::default()).unwrap());
+    let mut bytes = std::fs::read(s.region()).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(s.region(), &bytes).unwrap();
+    vram_limit_capped_with_one_line(&s, "recreating");
     assert_eq!(region_limit(&s.region(), 0), Some(512 * MIB));
+}
+
+/// A file at the region path that is not a libvgpu region is someone else's: left untouched,
+/// one error line, a private region, still capped.
+#[test]
+fn foreign_file_is_left_alone() {
+    let s = Scratch::new("hk-foreign");
+    std::fs::write(s.region(), b"definitely not a region").unwrap();
+    vram_limit_capped_with_one_line(&s, "private region");
+    assert_eq!(std::fs::read(s.region()).unwrap(), b"definitely not a region");
 }
 
 /// A valid configuration prints nothing at the default log level.

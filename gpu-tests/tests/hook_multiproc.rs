@@ -51,6 +51,15 @@ fn alloc_worker() {
         let mut ctx: *mut c_void = std::ptr::null_mut();
         assert_eq!(retain(&mut ctx, 0), 0);
         let ctx = ctx as usize;
+        // Every worker has its context before anyone allocates (a late context would find the
+        // cap filled by the others and be refused, as on a full GPU): mark ready, wait for go.
+        if let (Ok(dir), Ok(go)) = (std::env::var("HOOK_MP_READY_DIR"), std::env::var("HOOK_MP_GO")) {
+            std::fs::write(std::path::Path::new(&dir).join(std::process::id().to_string()), b"").unwrap();
+            let t = std::time::Instant::now();
+            while !std::path::Path::new(&go).exists() && t.elapsed() < std::time::Duration::from_secs(60) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 std::thread::spawn(move || {
@@ -167,10 +176,15 @@ fn cap_shared_by(procs: usize, threads: usize, iters: usize, hold: usize) {
         line.clear();
         assert!(std::io::BufRead::read_line(&mut mon_out, &mut line).unwrap() > 0, "monitor died");
     }
+    let ready = s.dir.join("ready");
+    std::fs::create_dir_all(&ready).unwrap();
+    let go = s.dir.join("go");
     let workers: Vec<_> = (0..procs)
         .map(|_| {
             let mut c = self_cmd("alloc", &s, true);
             c.envs(ctx_env)
+                .env("HOOK_MP_READY_DIR", &ready)
+                .env("HOOK_MP_GO", &go)
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "2g")
                 .env("HOOK_MP_THREADS", threads.to_string())
                 .env("HOOK_MP_ITERS", iters.to_string())
@@ -178,6 +192,12 @@ fn cap_shared_by(procs: usize, threads: usize, iters: usize, hold: usize) {
             spawn(&mut c)
         })
         .collect();
+    let t = std::time::Instant::now();
+    while std::fs::read_dir(&ready).unwrap().count() < procs {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "workers never all got a context");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    std::fs::write(&go, b"").unwrap();
     let (mut ok, mut oom) = (0, 0);
     for w in workers {
         let out = w.wait_with_output().unwrap();

@@ -106,12 +106,8 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
 }
 
 fn charge_unlocked(ps: &ProcState, dev: usize, bytes: u64) {
-    // The region only offers unconditional charges under the device lock; try once more.
-    if let Ok(g) = ps.region.lock_device(dev) {
-        g.charge(ps.slot, MemKind::Context, bytes);
-    } else {
-        vgpu_core::error!("device {dev}: context memory of {bytes} bytes could not be charged");
-    }
+    // The memory exists already: charge it without the lock (a lock-free add).
+    ps.region.charge(ps.slot, dev, MemKind::Context, bytes);
 }
 
 /// A context went: release its charge and everything allocated in it.

@@ -75,6 +75,7 @@ fn run(rt: &'static Runtime) {
         vgpu_core::clock::calibrate();
         // Re-read each tick: a forked child replaces the process state.
         let Some(ps) = rt.proc_if_ready() else { continue };
+        region_upkeep(ps, tick);
         refresh_gate(rt, ps);
         if tick % PUBLISH_EVERY != 0 {
             continue;
@@ -237,4 +238,19 @@ pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Every `UPKEEP_EVERY` ticks: re-attach when the region file was deleted or replaced (one
+/// `lstat`), and reap slots of processes that died without cleaning up (never waits for the table
+/// lock) so lock-free readers such as HAMi's monitor see only live processes.
+const UPKEEP_EVERY: u32 = 10;
+
+fn region_upkeep(ps: &ProcState, tick: u32) {
+    if !tick.is_multiple_of(UPKEEP_EVERY) {
+        return;
+    }
+    if let Err(e) = ps.region.reattach_if_replaced() {
+        vgpu_core::error!("the shared region was deleted or replaced and re-attaching failed ({e}); keeping the old one");
+    }
+    ps.region.reap_dead_nowait();
 }

@@ -238,6 +238,7 @@ fn build_proc(cfg: &Config, reuse: Option<(Region, Vec<DeviceInfo>)>) -> Option<
 }
 
 fn finish(region: Region, slot: SlotId, pid: u32, devices: Vec<DeviceInfo>) -> ProcState {
+    register_exit_cleanup();
     for d in &devices {
         let recorded = region.uuid(d.index);
         if !recorded.is_empty() && !d.uuid.is_empty() && !recorded.eq_ignore_ascii_case(&d.uuid) {
@@ -415,6 +416,7 @@ fn ensure_slow() -> Option<&'static Runtime> {
     RT_ONCE.run(DISABLED, || {
         let config = Config::from_process_env();
         vgpu_core::log::set_level(config.log_level);
+        crate::guard::init();
         for p in &config.problems {
             vgpu_core::error!("config: {p}");
         }
@@ -438,4 +440,34 @@ fn ensure_slow() -> Option<&'static Runtime> {
 
 extern "C" fn atfork_child() {
     FORKED.store(true, Ordering::Relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exit: leave our slot, so readers (our tools, HAMi's monitor) never see an exited process.
+
+static EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// `atexit` (once per process image; inherited across fork, so the handler checks the pid): runs
+/// on a normal exit and on `exit()` from any thread, before static destructors registered
+/// earlier. The slot disappears for readers at once and keeps counting against the cap until the
+/// process is gone (the driver frees its memory at teardown), then the container's other
+/// processes reap it; CUDA frees made by later destructors change nothing. Lock-free. A killed
+/// process is reaped as before; an exec'd image's slot likewise.
+fn register_exit_cleanup() {
+    if !EXIT_REGISTERED.swap(true, Ordering::AcqRel) {
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(exit_cleanup) };
+    }
+}
+
+extern "C" fn exit_cleanup() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(ps) = get().and_then(|rt| rt.proc_if_ready()) else { return };
+        if ps.pid != std::process::id() {
+            return; // a forked child that never used CUDA: the slot is its parent's
+        }
+        for s in ps.region.own_slots() {
+            ps.region.leave(s);
+        }
+    });
 }

@@ -251,9 +251,17 @@ impl Live {
         drop(self.stdin.take());
         let st = wait_timeout(&mut self.child, limit);
         let err = self.err.take().map(|h| h.join().unwrap()).unwrap_or_default();
-        while let Ok(l) = self.lines.try_recv() {
-            self.seen.push_str(&l);
-            self.seen.push('\n');
+        // The reader thread may still be forwarding the last lines: take them until it sees EOF
+        // (bounded: a grandchild may hold the pipe open).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push_str(&l);
+                    self.seen.push('\n');
+                }
+                Err(_) => break,
+            }
         }
         match st {
             Some(s) => (s, std::mem::take(&mut self.seen), err),
@@ -443,6 +451,8 @@ pub fn worker_main() -> bool {
         "ctx_faults" => ctx_faults(),
         "launch_faults" => launch_faults(),
         "va_cycle" => va_cycle(),
+        "fill" => fill(),
+        "alloc_exit" => alloc_exit(),
         m => panic!("unknown worker mode {m}"),
     }
     true
@@ -529,6 +539,51 @@ fn churn() {
     if other.load(Relaxed) != 0 {
         std::process::exit(3);
     }
+}
+
+/// Allocates `STRESS_CHUNK` (default 64 MiB) chunks until the first refusal and prints
+/// `fill_first=<result of the first call> filled=<bytes> fill_last=<last result>`; then, on a
+/// `STRESS_HOLD_AFTER` stdin handshake, waits for `quit`. Exits 0 (errors are printed, not fatal).
+fn fill() {
+    let cu = Cu::load();
+    cu.open();
+    let chunk = env_u64("STRESS_CHUNK", 64 * MIB);
+    let (mut filled, mut first, mut last) = (0u64, None, 0);
+    for _ in 0..100_000 {
+        let (r, _) = cu.alloc(chunk);
+        first.get_or_insert(r);
+        last = r;
+        if r != 0 {
+            break;
+        }
+        filled += chunk;
+    }
+    println!("fill_first={} filled={filled} fill_last={last}", first.unwrap_or(-1));
+    if std::env::var("STRESS_HOLD_AFTER").is_ok() {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if line.trim() == "quit" {
+                break;
+            }
+        }
+    }
+}
+
+/// Allocates `STRESS_HOLD` bytes, launches, and exits normally without freeing: from `main`,
+/// or with `STRESS_EXIT=thread` by `exit()` from another thread.
+fn alloc_exit() {
+    let cu = Cu::load();
+    cu.open();
+    let f = cu.empty_kernel();
+    let (r, _) = cu.alloc(env_u64("STRESS_HOLD", 64 * MIB));
+    assert_eq!(r, 0, "alloc");
+    assert_eq!(cu.launch(f, 4), 0);
+    assert_eq!(cu.sync(), 0);
+    println!("allocated");
+    if std::env::var("STRESS_EXIT").as_deref() == Ok("thread") {
+        let t = std::thread::spawn(|| std::process::exit(0));
+        let _ = t.join();
+    }
+    std::process::exit(0);
 }
 
 /// Holds `STRESS_HOLD` bytes; on each stdin line `probe`: allocates and frees 64 MiB, launches

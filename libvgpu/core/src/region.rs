@@ -18,7 +18,7 @@ pub mod layout;
 mod lock;
 
 pub use layout::*;
-pub use lock::{LOCK_BASE, LOCK_DEVICE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
+pub use lock::{held_by_other as lock_held_by_other, LOCK_BASE, LOCK_DEVICE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
 
 use crate::config::Config;
 use crate::limiter::SharedDeviceState;
@@ -29,9 +29,10 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use memmap2::{MmapOptions, MmapRaw};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// What a charge is for (HAMi's `context_size` / `module_size` / `data_size`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,16 +42,36 @@ pub enum MemKind {
     Data,
 }
 
-/// A registered process slot (index into `procs[]`, always < MAX_PROCS).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A process slot: an index into `procs[]` (always < MAX_PROCS). An id returned by
+/// [`Region::register`] names *this handle's* slot and follows it when the region is re-attached
+/// (the slot may then sit at another index of the new file); other ids name the index itself.
+#[derive(Clone, Copy, Debug)]
 pub struct SlotId(u32);
+
+/// Ids compare by the index they were registered at (a registered id equals the plain id of
+/// the same index).
+impl PartialEq for SlotId {
+    fn eq(&self, o: &SlotId) -> bool {
+        self.index() == o.index()
+    }
+}
+impl Eq for SlotId {}
+impl std::hash::Hash for SlotId {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.index().hash(h)
+    }
+}
+
+/// Marks a [`SlotId`] handed out by `register` (translated through the handle's slot map).
+const OWN: u32 = 1 << 31;
 
 impl SlotId {
     pub fn new(index: usize) -> Option<SlotId> {
         (index < MAX_PROCS).then_some(SlotId(index as u32))
     }
+    /// The index the slot was registered at (or the plain index).
     pub fn index(self) -> usize {
-        self.0 as usize
+        (self.0 & !OWN) as usize
     }
 }
 
@@ -64,6 +85,10 @@ pub enum RegionError {
     InUse { path: PathBuf, reason: String },
     Io { path: PathBuf, op: &'static str, err: io::Error },
     Lock(io::Error),
+    /// Another process held the lock past the bound (stopped, frozen or stuck).
+    Busy(&'static str),
+    /// No space to allocate the region file (full filesystem).
+    NoSpace(PathBuf),
     TableFull,
     BadDevice(usize),
     NotOwner(SlotId),
@@ -84,6 +109,10 @@ impl fmt::Display for RegionError {
             ),
             RegionError::Io { path, op, err } => write!(f, "shared region {}: {op} failed: {err}", path.display()),
             RegionError::Lock(e) => write!(f, "shared region lock failed: {e}"),
+            RegionError::Busy(what) => {
+                write!(f, "shared region {what} lock held by another process for over {} ms (stopped?)", LOCK_BOUND.as_millis())
+            }
+            RegionError::NoSpace(p) => write!(f, "shared region {}: no space left on the filesystem", p.display()),
             RegionError::TableFull => write!(f, "shared region process table is full ({MAX_PROCS} slots)"),
             RegionError::BadDevice(d) => write!(f, "device index {d} out of range (0..{MAX_DEVICES})"),
             RegionError::NotOwner(s) => write!(f, "slot {} is not owned by this process", s.index()),
@@ -172,21 +201,59 @@ impl RegionInit {
     }
 }
 
+/// A utilization figure nobody refreshed for this long (no window closed, no launch) reads as 0.
+pub const UTIL_WINDOW_NS: u64 = 2_000_000_000;
+
+/// How long a hooked call may wait for a region lock held by another process (or thread) before
+/// it goes on without it. Correctness never depends on getting the lock in time: reservations
+/// add-then-check (see [`Region::try_reserve`]), so a stopped holder delays nobody past this.
+pub const LOCK_BOUND: Duration = Duration::from_millis(500);
+/// After a device lock timed out, further attempts within this time wait only `STALL_WAIT` (a
+/// stopped holder costs one bound, not one per allocation); the first success clears it.
+const STALL_MEMORY_NS: u64 = 5_000_000_000;
+const STALL_WAIT: Duration = Duration::from_millis(10);
+
 /// A mapped region (file-backed, or private anonymous memory with the same API).
 pub struct Region {
-    base: NonNull<u8>,
-    file: Option<File>,
+    /// The current mapping. A re-attach replaces it; earlier mappings stay mapped until drop, so
+    /// references handed out before stay valid.
+    base: AtomicPtr<u8>,
+    /// Descriptor of the current shared file (-1: private or snapshot).
+    fd: AtomicI32,
+    /// Every file and mapping this handle opened, and the current file's identity.
+    keep: Mutex<Keep>,
+    /// Read-only descriptor of a snapshot's file, for liveness probes.
+    probe: Option<File>,
     path: Option<PathBuf>,
+    /// What a user handle asked for at open (re-attach opens the replacement with it).
+    init: Option<RegionInit>,
     table_mu: Mutex<()>,
     dev_mu: [Mutex<()>; MAX_DEVICES],
+    /// `clock::now_ns` until which device d's lock is known stuck (try once, never wait).
+    dev_stall_until: [AtomicU64; MAX_DEVICES],
+    /// Slots registered by this handle, by index of the current mapping.
     owned: Box<[AtomicBool]>,
+    /// Registered id -> index in the current mapping (identity until a re-attach).
+    slot_map: Box<[AtomicU32]>,
+    /// Ids registered by this handle (an id is the index it was registered at when free).
+    ids: Box<[AtomicBool]>,
     /// Whether this handle holds the liveness read lock (users do, tools do not).
     live: bool,
     pid: u32,
 }
 
-// SAFETY: the mapping is only accessed through atomics (or never-written byte arrays); the
-// pointer stays valid until Drop.
+#[derive(Default)]
+struct Keep {
+    files: Vec<File>,
+    maps: Vec<MmapRaw>,
+    /// (st_dev, st_ino) of the current file.
+    ident: Option<(u64, u64)>,
+    /// Identity of a replacement we failed to attach (not retried until the path changes again).
+    refused: Option<Option<(u64, u64)>>,
+}
+
+// SAFETY: the mappings are only accessed through atomics (or never-written byte arrays); they
+// stay valid until Drop.
 unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
@@ -194,26 +261,35 @@ fn io_err(path: &Path, op: &'static str, err: io::Error) -> RegionError {
     match err.kind() {
         io::ErrorKind::NotFound => RegionError::NotFound(path.to_path_buf()),
         io::ErrorKind::PermissionDenied => RegionError::PermissionDenied(path.to_path_buf()),
+        _ if err.raw_os_error() == Some(libc::ENOSPC) => RegionError::NoSpace(path.to_path_buf()),
         _ => RegionError::Io { path: path.to_path_buf(), op, err },
     }
 }
 
-fn map_shared(fd: Option<RawFd>) -> io::Result<NonNull<u8>> {
-    let (flags, fd) = match fd {
-        Some(fd) => (libc::MAP_SHARED, fd),
-        None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
-    };
-    // SAFETY: fresh mapping of TOTAL_SIZE bytes; the file (if any) is at least that long.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), TOTAL_SIZE, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+fn invalid(path: &Path, reason: impl Into<String>) -> RegionError {
+    RegionError::Invalid { path: path.to_path_buf(), reason: reason.into() }
 }
 
-fn unmap(p: NonNull<u8>) {
-    // SAFETY: p came from map_shared with TOTAL_SIZE.
-    unsafe { libc::munmap(p.as_ptr().cast(), TOTAL_SIZE) };
+/// Map TOTAL_SIZE bytes of `file` shared, or of private anonymous memory (memmap2: the one
+/// mapping mechanism of the workspace). The file's blocks are allocated first (posix_fallocate),
+/// so touching the mapping cannot SIGBUS.
+fn map_region(file: Option<&File>) -> io::Result<MmapRaw> {
+    let mut o = MmapOptions::new();
+    o.len(TOTAL_SIZE);
+    match file {
+        Some(f) => o.map_raw(f),
+        None => o.map_anon().map(MmapRaw::from),
+    }
+}
+
+/// Allocate the region's blocks for real, so a full filesystem is an error now instead of a
+/// SIGBUS at the first touch of a sparse page.
+fn allocate(path: &Path, fd: RawFd) -> Result<(), RegionError> {
+    // SAFETY: valid fd; posix_fallocate never shrinks a file or changes bytes already there.
+    match unsafe { libc::posix_fallocate(fd, 0, TOTAL_SIZE as libc::off_t) } {
+        0 => Ok(()),
+        e => Err(io_err(path, "posix_fallocate", io::Error::from_raw_os_error(e))),
+    }
 }
 
 /// Why a file is not a valid region of ours, read without mapping (short files cannot be mapped).
@@ -245,12 +321,91 @@ fn check_file(file: &File, size: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the file carries our extension magic (a region of ours, maybe of another version or
+/// damaged): the only non-empty files we may ever reinitialize.
+fn has_our_magic(file: &File, size: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut ext = [0u8; 8];
+    size >= (EXT_OFFSET + 8) as u64 && file.read_exact_at(&mut ext, EXT_OFFSET as u64).is_ok() && ext == EXT_MAGIC
+}
+
+fn euid() -> u32 {
+    // SAFETY: trivial syscall.
+    unsafe { libc::geteuid() }
+}
+
+/// Open the region file without following a symbolic link; create it (exclusively) when absent.
+/// Returns the file and whether we created it.
+fn open_file(path: &Path, create: bool) -> Result<(File, bool), RegionError> {
+    let flags = libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    for _ in 0..4 {
+        match OpenOptions::new().read(true).write(true).custom_flags(flags).open(path) {
+            Ok(f) => return Ok((f, false)),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(invalid(path, "is a symbolic link; not following it"));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                match OpenOptions::new().read(true).write(true).create_new(true).mode(0o666).custom_flags(flags).open(path) {
+                    Ok(f) => return Ok((f, true)),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(io_err(path, "create", e)),
+                }
+            }
+            Err(e) => return Err(io_err(path, "open", e)),
+        }
+    }
+    Err(invalid(path, "keeps appearing and disappearing"))
+}
+
+/// A region file must be a regular file owned by us or by root (or created by us).
+fn check_owner(path: &Path, meta: &std::fs::Metadata, created: bool) -> Result<(), RegionError> {
+    use std::os::unix::fs::MetadataExt;
+    if !meta.file_type().is_file() {
+        return Err(invalid(path, "not a regular file"));
+    }
+    if !created && meta.uid() != euid() && meta.uid() != 0 {
+        return Err(invalid(path, format!("owned by uid {} (neither this user nor root); not using it", meta.uid())));
+    }
+    Ok(())
+}
+
+fn ident_of(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
 fn new_mutexes() -> [Mutex<()>; MAX_DEVICES] {
     std::array::from_fn(|_| Mutex::new(()))
 }
 
-fn lock_mu(m: &Mutex<()>) -> MutexGuard<'_, ()> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Take an in-process mutex, waiting at most until `deadline` (poison is ignored: the data it
+/// guards lives in the region and is always consistent).
+fn lock_mu_until(m: &Mutex<()>, deadline: Instant) -> Option<MutexGuard<'_, ()>> {
+    let mut pause = Duration::from_micros(10);
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_micros(100));
+    }
+}
+
+/// Mutex + OFD byte, both within `deadline`.
+fn lock_both<'a>(m: &'a Mutex<()>, fd: Option<RawFd>, byte: i64, deadline: Instant, what: &'static str) -> Result<MutexGuard<'a, ()>, RegionError> {
+    let g = lock_mu_until(m, deadline).ok_or(RegionError::Busy(what))?;
+    if let Some(fd) = fd {
+        if !lock::lock_until(fd, true, byte, deadline).map_err(RegionError::Lock)? {
+            return Err(RegionError::Busy(what));
+        }
+    }
+    Ok(g)
 }
 
 /// Slot table lock held (in-process mutex + OFD byte).
@@ -271,12 +426,13 @@ impl Drop for TableGuard<'_> {
 pub struct DeviceGuard<'a> {
     r: &'a Region,
     dev: usize,
+    fd: Option<RawFd>,
     _g: MutexGuard<'a, ()>,
 }
 
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        if let Some(fd) = self.r.fd() {
+        if let Some(fd) = self.fd {
             lock::unlock(fd, LOCK_DEVICE + self.dev as i64);
         }
     }
@@ -295,26 +451,13 @@ impl DeviceGuard<'_> {
     /// Charge `bytes` to `slot` if the device stays within its cap; reaps dead slots before
     /// refusing.
     pub fn try_reserve(&self, slot: SlotId, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
-        let d = self.dev;
-        if let Some(limit) = self.r.limit(d) {
-            let mut used = self.r.device_used(d);
-            if used.saturating_add(bytes) > limit {
-                if self.r.reap_dead() > 0 {
-                    used = self.r.device_used(d);
-                }
-                if used.saturating_add(bytes) > limit {
-                    return Err(ReserveError::OverLimit { used, limit, requested: bytes });
-                }
-            }
-        }
-        self.r.add(slot, d, kind, bytes);
-        Ok(())
+        self.r.reserve_checked(slot, self.dev, kind, bytes)
     }
 
     /// Charge unconditionally (usage that already exists, e.g. a measured context), even past
     /// the cap.
     pub fn charge(&self, slot: SlotId, kind: MemKind, bytes: u64) {
-        self.r.add(slot, self.dev, kind, bytes);
+        self.r.charge(slot, self.dev, kind, bytes);
     }
 }
 
@@ -322,17 +465,47 @@ fn sat_sub(a: &AtomicU64, v: u64) {
     let _ = a.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_sub(v)));
 }
 
+/// Writer side of HAMi v1.2's per-slot seqlock: odd while a writer updates the slot. Only the
+/// slot's own process writes it, so this only orders its own threads; the spin is bounded (a
+/// signal handler interrupting a writer of the same thread must not deadlock).
+fn seq_begin(p: &layout::ProcSlot) -> bool {
+    for i in 0..100_000u32 {
+        let v = p.seqlock.load(Relaxed);
+        if v & 1 == 0 && p.seqlock.compare_exchange_weak(v, v + 1, Acquire, Relaxed).is_ok() {
+            return true;
+        }
+        if i > 64 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    false
+}
+
+fn seq_end(p: &layout::ProcSlot, began: bool) {
+    if began {
+        p.seqlock.fetch_add(1, Release);
+    }
+}
+
 impl Region {
     // ---------- opening ----------
 
     /// Open or create the region at `path` for a process using it (takes the liveness read lock
-    /// for the lifetime of the handle). Invalid files are recreated when nobody lives on them.
+    /// for the lifetime of the handle). Safe against hostile paths: a symbolic link, a file that
+    /// is not regular, or one owned by another user (not root) is refused, never followed or
+    /// changed; a non-empty file is reinitialized only when it carries our extension magic, is
+    /// ours and nobody lives on it. Blocks are allocated before the first touch (a full
+    /// filesystem is `NoSpace`, never a SIGBUS).
     pub fn open(path: impl AsRef<Path>, init: &RegionInit) -> Result<Region, RegionError> {
-        Self::open_impl(path.as_ref(), init, OpenMode::User)
+        let mut r = Self::open_impl(path.as_ref(), init, OpenMode::User)?;
+        r.init = Some(init.clone());
+        Ok(r)
     }
 
     /// Create or reinitialize the region at `path` (shrreg-tool --create_new). Refuses while live
-    /// processes use it.
+    /// processes use it, and refuses files that are not ours (see [`Region::open`]).
     pub fn create_new(path: impl AsRef<Path>, init: &RegionInit) -> Result<Region, RegionError> {
         Self::open_impl(path.as_ref(), init, OpenMode::Recreate)
     }
@@ -340,70 +513,106 @@ impl Region {
     /// Open an existing valid region for tools: never creates or repairs.
     pub fn open_existing(path: impl AsRef<Path>) -> Result<Region, RegionError> {
         let path = path.as_ref();
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| io_err(path, "open", e))?;
+        let (file, _) = open_file(path, false)?;
+        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+        if !meta.file_type().is_file() {
+            return Err(invalid(path, "not a regular file"));
+        }
+        // A creator initializes under the table lock: wait (bounded) so we do not read it half
+        // written; a holder stuck past the bound does not stop a tool from reading.
         let fd = file.as_raw_fd();
-        lock::lock_wait(fd, true, LOCK_TABLE).map_err(RegionError::Lock)?;
-        let res = (|| {
-            let size = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
-            check_file(&file, size).map_err(|reason| RegionError::Invalid { path: path.to_path_buf(), reason })?;
-            map_shared(Some(fd)).map_err(|e| io_err(path, "mmap", e))
-        })();
-        lock::unlock(fd, LOCK_TABLE);
-        Ok(Self::from_parts(res?, Some(file), Some(path.to_path_buf()), false))
+        let locked = lock::lock_until(fd, true, LOCK_TABLE, Instant::now() + LOCK_BOUND).unwrap_or(false);
+        let res = file
+            .metadata()
+            .map_err(|e| io_err(path, "stat", e))
+            .and_then(|m| check_file(&file, m.len()).map_err(|reason| invalid(path, reason)))
+            // Valid files of ours were allocated by their creator; do not touch other blocks.
+            .and_then(|()| map_region(Some(&file)).map_err(|e| io_err(path, "mmap", e)));
+        if locked {
+            lock::unlock(fd, LOCK_TABLE);
+        }
+        let base = res?;
+        let r = Self::from_parts(base, Some(file), Some(path.to_path_buf()), false);
+        r.keep_lock().ident = Some(ident_of(&meta));
+        Ok(r)
     }
 
     /// A copy of the region file in private memory (read-only access suffices); changes to the
-    /// copy do not reach the file.
+    /// copy do not reach the file. Liveness of slots is still probed on the file.
     pub fn snapshot(path: impl AsRef<Path>) -> Result<Region, RegionError> {
         use std::os::unix::fs::FileExt;
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| io_err(path, "open", e))?;
-        let size = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
-        check_file(&file, size).map_err(|reason| RegionError::Invalid { path: path.to_path_buf(), reason })?;
-        let base = map_shared(None).map_err(|e| io_err(path, "mmap", e))?;
-        // SAFETY: fresh private mapping of TOTAL_SIZE bytes, not shared with anyone yet.
-        let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr(), TOTAL_SIZE) };
-        if let Err(e) = file.read_exact_at(buf, 0) {
-            unmap(base);
-            return Err(io_err(path, "read", e));
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| if e.raw_os_error() == Some(libc::ELOOP) { invalid(path, "is a symbolic link; not following it") } else { io_err(path, "open", e) })?;
+        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+        if !meta.file_type().is_file() {
+            return Err(invalid(path, "not a regular file"));
         }
-        Ok(Self::from_parts(base, None, Some(path.to_path_buf()), false))
+        check_file(&file, meta.len()).map_err(|reason| invalid(path, reason))?;
+        let mut copy = MmapOptions::new().len(TOTAL_SIZE).map_anon().map_err(|e| io_err(path, "mmap", e))?;
+        file.read_exact_at(&mut copy[..], 0).map_err(|e| io_err(path, "read", e))?;
+        let base = MmapRaw::from(copy);
+        let mut r = Self::from_parts(base, None, Some(path.to_path_buf()), false);
+        r.probe = Some(file);
+        Ok(r)
     }
 
     /// An anonymous region with the same API: limits still apply to this process (fallback when
-    /// the file cannot be used). Fails only if the kernel refuses a 4 MiB anonymous mapping.
+    /// the file cannot be used). Fails only if the kernel refuses a 2 MiB anonymous mapping.
     pub fn private(init: &RegionInit) -> Result<Region, RegionError> {
-        let base = map_shared(None).map_err(|e| RegionError::Io { path: PathBuf::from("<private>"), op: "mmap", err: e })?;
+        let base = map_region(None).map_err(|e| RegionError::Io { path: PathBuf::from("<private>"), op: "mmap", err: e })?;
         let r = Self::from_parts(base, None, None, true);
         r.init_fresh(init);
         Ok(r)
     }
 
-    fn from_parts(base: NonNull<u8>, file: Option<File>, path: Option<PathBuf>, live: bool) -> Region {
+    fn from_parts(base: MmapRaw, file: Option<File>, path: Option<PathBuf>, live: bool) -> Region {
+        let fd = file.as_ref().map_or(-1, |f| f.as_raw_fd());
         Region {
-            base,
-            file,
+            base: AtomicPtr::new(base.as_mut_ptr()),
+            fd: AtomicI32::new(fd),
+            keep: Mutex::new(Keep { files: file.into_iter().collect(), maps: vec![base], ..Keep::default() }),
+            probe: None,
             path,
+            init: None,
             table_mu: Mutex::new(()),
             dev_mu: new_mutexes(),
+            dev_stall_until: std::array::from_fn(|_| AtomicU64::new(0)),
             owned: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
+            slot_map: (0..MAX_PROCS as u32).map(AtomicU32::new).collect(),
+            ids: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             live,
             pid: std::process::id(),
         }
     }
 
+    fn keep_lock(&self) -> MutexGuard<'_, Keep> {
+        self.keep.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn open_impl(path: &Path, init: &RegionInit, mode: OpenMode) -> Result<Region, RegionError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o666)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| io_err(path, "open", e))?;
+        let (file, created) = open_file(path, true)?;
+        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+        check_owner(path, &meta, created)?;
         let fd = file.as_raw_fd();
-        lock::lock_wait(fd, true, LOCK_TABLE).map_err(RegionError::Lock)?;
-        let (base, fresh) = match Self::open_locked(path, &file, mode) {
+        let deadline = Instant::now() + LOCK_BOUND;
+        loop {
+            if !lock::lock_until(fd, true, LOCK_TABLE, deadline).map_err(RegionError::Lock)? {
+                return Err(RegionError::Busy("table"));
+            }
+            // An empty file of another user may be one its creator has not initialized yet (it
+            // takes the table lock right after creating): give it until the deadline.
+            let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
+            if !(empty && !created && std::os::unix::fs::MetadataExt::uid(&meta) != euid()) || Instant::now() >= deadline {
+                break;
+            }
+            lock::unlock(fd, LOCK_TABLE);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (base, fresh) = match Self::open_locked(path, &file, &meta, created, mode) {
             Ok(v) => v,
             Err(e) => {
                 lock::unlock(fd, LOCK_TABLE);
@@ -411,6 +620,7 @@ impl Region {
             }
         };
         let r = Self::from_parts(base, Some(file), Some(path.to_path_buf()), mode == OpenMode::User);
+        r.keep_lock().ident = Some(ident_of(&meta));
         // Still under the table lock: nobody validates a half-written file.
         if fresh {
             r.init_fresh(init);
@@ -421,15 +631,32 @@ impl Region {
         Ok(r)
     }
 
-    /// Under the table lock: validate or recreate, map, take the liveness lock.
-    fn open_locked(path: &Path, file: &File, mode: OpenMode) -> Result<(NonNull<u8>, bool), RegionError> {
+    /// Under the table lock: validate or (re)initialize, allocate, map, take the liveness lock.
+    fn open_locked(path: &Path, file: &File, meta: &std::fs::Metadata, created: bool, mode: OpenMode) -> Result<(MmapRaw, bool), RegionError> {
+        use std::os::unix::fs::MetadataExt;
         let fd = file.as_raw_fd();
+        // Re-read the size under the lock (another process may have initialized it meanwhile).
         let size = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
         let problem = if size == 0 { Some(String::new()) } else { check_file(file, size).err() };
         let fresh = match (mode, problem) {
             (OpenMode::User, None) => false,
             (_, reason) => {
                 let reason = reason.unwrap_or_else(|| "reinitialize requested".into());
+                // A file with other hard links is someone else's too (a link planted to a file
+                // elsewhere), whoever owns it.
+                let ours = created || (meta.uid() == euid() && meta.nlink() == 1);
+                // Only an empty file, or one of ours (extension magic), may be rewritten, and only
+                // by its owner: anything else is someone else's file.
+                if !ours {
+                    let what = if size == 0 { "empty".to_string() } else { reason };
+                    return Err(invalid(
+                        path,
+                        format!("{what}, owned by uid {} with {} link(s): not ours to initialize", meta.uid(), meta.nlink()),
+                    ));
+                }
+                if size != 0 && !has_our_magic(file, size) {
+                    return Err(invalid(path, format!("{reason}; not a libvgpu region, leaving it untouched")));
+                }
                 // A write lock on the liveness byte succeeds only if nobody else lives on the file.
                 if !lock::try_lock(fd, true, LOCK_LIVENESS).map_err(RegionError::Lock)? {
                     return Err(RegionError::InUse { path: path.to_path_buf(), reason });
@@ -440,17 +667,33 @@ impl Region {
                 true
             }
         };
-        if fresh {
-            file.set_len(0).map_err(|e| io_err(path, "truncate", e))?;
-            file.set_len(TOTAL_SIZE as u64).map_err(|e| io_err(path, "ftruncate", e))?;
-            // Other users of the container may run as another uid; ignore failure (not our file).
-            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-        }
-        let base = map_shared(Some(fd)).map_err(|e| io_err(path, "mmap", e))?;
+        let res = (|| {
+            if fresh {
+                file.set_len(0).map_err(|e| io_err(path, "truncate", e))?;
+            }
+            allocate(path, fd)?;
+            if fresh {
+                // Other users of the container may run as another uid (the file is ours).
+                let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+            }
+            map_region(Some(file)).map_err(|e| io_err(path, "mmap", e))
+        })();
+        let base = match res {
+            Ok(b) => b,
+            Err(e) => {
+                if fresh && created {
+                    // Leave no empty husk behind that others would have to repair.
+                    let _ = std::fs::remove_file(path);
+                }
+                lock::unlock(fd, LOCK_LIVENESS);
+                return Err(e);
+            }
+        };
         if mode == OpenMode::User {
             // Converts our probe write lock (if any) into the lifetime read lock.
-            if let Err(e) = lock::lock_wait(fd, false, LOCK_LIVENESS) {
-                unmap(base);
+            if let Err(e) = lock::lock_until(fd, false, LOCK_LIVENESS, Instant::now() + LOCK_BOUND)
+                .and_then(|ok| if ok { Ok(()) } else { Err(io::Error::from_raw_os_error(libc::EAGAIN)) })
+            {
                 return Err(RegionError::Lock(e));
             }
         } else {
@@ -458,7 +701,6 @@ impl Region {
         }
         Ok((base, fresh))
     }
-
     /// Write a fresh layout (the memory is zero).
     fn init_fresh(&self, init: &RegionInit) {
         let v1 = self.v1();
@@ -522,65 +764,174 @@ impl Region {
         }
     }
 
-    /// Child side of fork: drop the inherited descriptor (the parent's locks stay: they belong to
-    /// the open file description the parent still holds), reopen, retake the liveness lock. Slots
+    /// Child side of fork: drop the inherited descriptors (the parent's locks stay: they belong to
+    /// the open file descriptions the parent still holds), reopen, retake the liveness lock. Slots
     /// inherited from the parent are not ours; the caller registers again.
     pub fn after_fork_child(&mut self) -> Result<(), RegionError> {
         self.table_mu = Mutex::new(());
         self.dev_mu = new_mutexes();
+        let inherited = std::mem::take(&mut *self.keep_lock());
+        self.keep = Mutex::new(inherited);
         for o in self.owned.iter() {
             o.store(false, Relaxed);
         }
+        for (i, m) in self.slot_map.iter().enumerate() {
+            m.store(i as u32, Relaxed);
+            self.ids[i].store(false, Relaxed);
+        }
         self.pid = std::process::id();
         let Some(path) = self.path.clone() else { return Ok(()) };
-        if self.file.is_none() {
+        if self.fd().is_none() {
             return Ok(()); // snapshot or private: nothing shared to reopen
         }
-        // Keep the inherited descriptor open for the child's lifetime (never closed), as the
+        // Keep the inherited descriptors open for the child's lifetime (never closed), as the
         // driver's device files are: a parent killed while this child lives keeps its memory on
-        // the device, and its slot (locked through this descriptor) stays live and charged for
-        // exactly as long. Exec closes it (O_CLOEXEC), like the driver's.
-        std::mem::forget(self.file.take());
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| io_err(&path, "reopen", e))?;
+        // the device, and its slot (locked through these descriptors) stays live and charged for
+        // exactly as long. Exec closes them (O_CLOEXEC), like the driver's. Earlier mappings stay
+        // (the current one is replaced below).
+        for f in self.keep_lock().files.drain(..) {
+            std::mem::forget(f);
+        }
+        self.fd.store(-1, Release);
+        let (file, _) = open_file(&path, false).map_err(|e| match e {
+            RegionError::NotFound(p) => RegionError::NotFound(p),
+            e => e,
+        })?;
         let fd = file.as_raw_fd();
-        lock::lock_wait(fd, true, LOCK_TABLE).map_err(RegionError::Lock)?;
+        if !lock::lock_until(fd, true, LOCK_TABLE, Instant::now() + LOCK_BOUND).map_err(RegionError::Lock)? {
+            return Err(RegionError::Busy("table"));
+        }
         let res = (|| {
-            let size = file.metadata().map_err(|e| io_err(&path, "stat", e))?.len();
-            check_file(&file, size).map_err(|reason| RegionError::Invalid { path: path.clone(), reason })?;
-            let base = map_shared(Some(fd)).map_err(|e| io_err(&path, "mmap", e))?;
-            if self.live {
-                lock::lock_wait(fd, false, LOCK_LIVENESS).map_err(RegionError::Lock)?;
+            let meta = file.metadata().map_err(|e| io_err(&path, "stat", e))?;
+            check_owner(&path, &meta, false)?;
+            check_file(&file, meta.len()).map_err(|reason| invalid(&path, reason))?;
+            let base = map_region(Some(&file)).map_err(|e| io_err(&path, "mmap", e))?;
+            if self.live && !lock::lock_until(fd, false, LOCK_LIVENESS, Instant::now() + LOCK_BOUND).map_err(RegionError::Lock)? {
+                return Err(RegionError::Busy("liveness"));
             }
-            Ok(base)
+            Ok((base, ident_of(&meta)))
         })();
         lock::unlock(fd, LOCK_TABLE);
-        let base = res?;
-        unmap(self.base);
-        self.base = base;
-        self.file = Some(file);
+        let (base, ident) = res?;
+        self.base.store(base.as_mut_ptr(), Release);
+        self.fd.store(fd, Release);
+        let mut k = self.keep_lock();
+        k.maps.push(base);
+        k.files.push(file);
+        k.ident = Some(ident);
         Ok(())
+    }
+
+    // ---------- replaced or unlinked file ----------
+
+    /// Whether the path now names another file than ours (deleted, or replaced by a new one).
+    /// One `lstat`; for the monitor thread.
+    pub fn replaced(&self) -> bool {
+        let Some(path) = &self.path else { return false };
+        if self.fd().is_none() {
+            return false;
+        }
+        let now = std::fs::symlink_metadata(path).ok().map(|m| ident_of(&m));
+        let k = self.keep_lock();
+        now != k.ident && k.refused != Some(now)
+    }
+
+    /// If the file at our path was deleted or replaced, attach to the file now there (creating it
+    /// when missing, as a new process would) and move this handle's slots and their usage into
+    /// it, so old and new processes of the container share one cap again. Earlier mappings and
+    /// files are kept (references into them stay valid; in the old file our slot stays charged
+    /// for processes that have not moved yet). Returns whether it re-attached.
+    pub fn reattach_if_replaced(&self) -> Result<bool, RegionError> {
+        if !self.live || !self.replaced() {
+            return Ok(false);
+        }
+        let (Some(path), Some(init)) = (&self.path, &self.init) else { return Ok(false) };
+        let new = match Region::open(path, init) {
+            Ok(r) => r,
+            Err(e) => {
+                let now = std::fs::symlink_metadata(path).ok().map(|m| ident_of(&m));
+                self.keep_lock().refused = Some(now);
+                return Err(e);
+            }
+        };
+        let old_base = self.base();
+        // Our slots in the new file (at the same index when free there).
+        let mine: Vec<(usize, usize)> = self.own_slots().iter().map(|s| (s.index(), self.phys(*s))).collect();
+        let mut moved = Vec::new();
+        for &(id, old_i) in &mine {
+            let pid = old_base_slot(old_base, old_i).pid.load(Relaxed);
+            match new.register_at(pid, Some(id)) {
+                Ok(ns) => moved.push((id, old_i, new.phys(ns))),
+                Err(e) => {
+                    crate::error!("re-attaching to the new shared region {}: {e}", path.display());
+                }
+            }
+        }
+        // Take the new handle's file and mapping; it must not unregister anything on drop.
+        let mut nk = std::mem::take(&mut *new.keep_lock());
+        for o in new.owned.iter() {
+            o.store(false, Relaxed);
+        }
+        let new_base = new.base();
+        let new_fd = new.fd.load(Acquire);
+        std::mem::forget(new);
+        {
+            let mut k = self.keep_lock();
+            k.files.append(&mut nk.files);
+            k.maps.append(&mut nk.maps);
+            k.ident = nk.ident;
+            k.refused = None;
+        }
+        for &(_, old_i) in &mine {
+            self.owned[old_i].store(false, Relaxed);
+        }
+        for &(id, _, new_i) in &moved {
+            self.owned[new_i].store(true, Relaxed);
+            self.slot_map[id].store(new_i as u32, Release);
+        }
+        self.base.store(new_base, Release);
+        self.fd.store(new_fd, Release);
+        // Copy usage after the switch: adds made meanwhile land in the new slot already;
+        // releases that raced the switch leave an over-count (never an under-count).
+        for &(_, old_i, new_i) in &moved {
+            let (o, n) = (old_base_slot(old_base, old_i), &self.v1().procs[new_i]);
+            for d in 0..MAX_DEVICES {
+                let (ou, nu) = (&o.used[d], &n.used[d]);
+                for (src, dst) in [(&ou.context_size, &nu.context_size), (&ou.module_size, &nu.module_size), (&ou.data_size, &nu.data_size), (&ou.total, &nu.total)] {
+                    let v = src.load(Acquire);
+                    let _ = dst.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_add(v)));
+                }
+            }
+            n.hostpid.store(o.hostpid.load(Relaxed), Relaxed);
+        }
+        crate::warn!(
+            "shared region {} was deleted or replaced; re-attached to the file now there ({} slot(s) moved)",
+            path.display(),
+            moved.len()
+        );
+        Ok(true)
     }
 
     // ---------- raw views ----------
 
+    fn base(&self) -> *mut u8 {
+        self.base.load(Acquire)
+    }
+
     pub fn v1(&self) -> &SharedRegionV1 {
-        // SAFETY: the mapping is TOTAL_SIZE bytes, page aligned; all mutable fields are atomics.
-        unsafe { &*(self.base.as_ptr() as *const SharedRegionV1) }
+        // SAFETY: the mapping is TOTAL_SIZE bytes, page aligned, valid until drop; all mutable
+        // fields are atomics.
+        unsafe { &*(self.base() as *const SharedRegionV1) }
     }
 
     pub fn ext_header(&self) -> &ExtHeader {
         // SAFETY: EXT_OFFSET is 8-aligned and within the mapping.
-        unsafe { &*(self.base.as_ptr().add(EXT_OFFSET) as *const ExtHeader) }
+        unsafe { &*(self.base().add(EXT_OFFSET) as *const ExtHeader) }
     }
 
     fn body(&self) -> &ExtBody {
         // SAFETY: EXT_BODY_OFFSET is 64-aligned and the body fits in the mapping.
-        unsafe { &*(self.base.as_ptr().add(EXT_BODY_OFFSET) as *const ExtBody) }
+        unsafe { &*(self.base().add(EXT_BODY_OFFSET) as *const ExtBody) }
     }
 
     pub fn path(&self) -> Option<&Path> {
@@ -589,35 +940,62 @@ impl Region {
 
     /// True for `private()` and `snapshot()` regions (not shared through a file).
     pub fn is_private(&self) -> bool {
-        self.file.is_none()
+        self.fd().is_none()
     }
 
     fn fd(&self) -> Option<RawFd> {
-        self.file.as_ref().map(|f| f.as_raw_fd())
+        let fd = self.fd.load(Acquire);
+        (fd >= 0).then_some(fd)
+    }
+
+    fn lock_table_until(&self, deadline: Instant) -> Result<TableGuard<'_>, RegionError> {
+        let fd = self.fd();
+        let g = lock_both(&self.table_mu, fd, LOCK_TABLE, deadline, "table")?;
+        Ok(TableGuard { fd, _g: g })
     }
 
     fn lock_table(&self) -> Result<TableGuard<'_>, RegionError> {
-        let g = lock_mu(&self.table_mu);
-        if let Some(fd) = self.fd() {
-            lock::lock_wait(fd, true, LOCK_TABLE).map_err(RegionError::Lock)?;
-        }
-        Ok(TableGuard { fd: self.fd(), _g: g })
+        self.lock_table_until(Instant::now() + LOCK_BOUND)
     }
 
-    /// Take device `dev`'s ledger lock (held for microseconds by live processes only).
+    /// Take device `dev`'s ledger lock, waiting at most [`LOCK_BOUND`] (`Busy` then; once a
+    /// holder was found stuck, later attempts within a few seconds do not wait at all).
     pub fn lock_device(&self, dev: usize) -> Result<DeviceGuard<'_>, RegionError> {
         let m = self.dev_mu.get(dev).ok_or(RegionError::BadDevice(dev))?;
-        let g = lock_mu(m);
-        if let Some(fd) = self.fd() {
-            lock::lock_wait(fd, true, LOCK_DEVICE + dev as i64).map_err(RegionError::Lock)?;
+        let now = crate::clock::now_ns();
+        let stalled = now < self.dev_stall_until[dev].load(Relaxed);
+        let deadline = Instant::now() + if stalled { STALL_WAIT } else { LOCK_BOUND };
+        let fd = self.fd();
+        match lock_both(m, fd, LOCK_DEVICE + dev as i64, deadline, "device") {
+            Ok(g) => {
+                if stalled {
+                    self.dev_stall_until[dev].store(0, Relaxed);
+                }
+                Ok(DeviceGuard { r: self, dev, fd, _g: g })
+            }
+            Err(e) => {
+                if matches!(e, RegionError::Busy(_)) && !stalled {
+                    self.dev_stall_until[dev].store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);
+                    crate::warn!("device {dev}: region lock held past {} ms by another process (stopped?); going on without it", LOCK_BOUND.as_millis());
+                }
+                Err(e)
+            }
         }
-        Ok(DeviceGuard { r: self, dev, _g: g })
     }
 
     // ---------- process slots ----------
 
+    /// Index in the current mapping of `s` (registered ids follow their slot across a re-attach).
+    fn phys(&self, s: SlotId) -> usize {
+        if s.0 & OWN != 0 {
+            self.slot_map[s.index()].load(Acquire) as usize
+        } else {
+            s.index()
+        }
+    }
+
     fn slot(&self, s: SlotId) -> &layout::ProcSlot {
-        &self.v1().procs[s.index()]
+        &self.v1().procs[self.phys(s)]
     }
 
     fn proc_num_clamped(&self) -> usize {
@@ -626,10 +1004,16 @@ impl Region {
 
     /// Register this process (`pid` as seen in the container). Reaps dead slots first.
     pub fn register(&self, pid: i32) -> Result<SlotId, RegionError> {
+        self.register_at(pid, None)
+    }
+
+    /// Register, at index `prefer` when it is free.
+    fn register_at(&self, pid: i32, prefer: Option<usize>) -> Result<SlotId, RegionError> {
         let _t = self.lock_table()?;
         self.reap_dead_locked();
         let v1 = self.v1();
-        for i in 0..MAX_PROCS {
+        let order = prefer.into_iter().chain(0..MAX_PROCS);
+        for i in order {
             let p = &v1.procs[i];
             if p.status.load(Acquire) != 0 {
                 continue;
@@ -643,11 +1027,10 @@ impl Region {
                     Err(e) => return Err(RegionError::Lock(e)),
                 }
             }
-            let s = SlotId(i as u32);
-            self.clear_slot_data(s);
+            self.clear_slot_data(i);
             p.pid.store(pid, Relaxed);
             p.hostpid.store(0, Relaxed);
-            let x = self.slot_ext(s);
+            let x = &self.body().slots[i];
             x.generation.fetch_add(1, AcqRel);
             x.launches.store(0, Relaxed);
             x.busy_ns.store(0, Relaxed);
@@ -656,36 +1039,61 @@ impl Region {
             x.priority.store(v1.priority.load(Relaxed), Relaxed);
             x.flags.store(SLOT_FLAG_HOSTPID_UNKNOWN, Relaxed);
             x.registered_ns.store(crate::clock::now_ns(), Relaxed);
+            // The id is the index when this handle does not use that id yet (always, unless
+            // slots moved in a re-attach).
+            let id = if !self.ids[i].load(Relaxed) { i } else { (0..MAX_PROCS).find(|&j| !self.ids[j].load(Relaxed)).unwrap_or(i) };
+            self.ids[id].store(true, Relaxed);
+            self.slot_map[id].store(i as u32, Release);
             self.owned[i].store(true, Relaxed);
             p.status.store(1, Release);
             let _ = v1.proc_num.fetch_max(i as i32 + 1, AcqRel);
-            return Ok(s);
+            return Ok(SlotId(id as u32 | OWN));
         }
         Err(RegionError::TableFull)
     }
 
-    /// Give a slot back (its usage disappears with it).
+    /// Give a slot back (its usage disappears with it). Waits at most [`LOCK_BOUND`] for the
+    /// table lock; without it the slot is still cleared (only `proc_num` is left as it was).
     pub fn unregister(&self, slot: SlotId) -> Result<(), RegionError> {
-        if !self.owned[slot.index()].load(Relaxed) {
+        self.unregister_until(slot, Instant::now() + LOCK_BOUND)
+    }
+
+    /// [`Region::unregister`] with its own deadline (exit handlers use a short one).
+    pub fn unregister_until(&self, slot: SlotId, deadline: Instant) -> Result<(), RegionError> {
+        let i = self.phys(slot);
+        if !self.owned[i].load(Relaxed) {
             return Err(RegionError::NotOwner(slot));
         }
-        let _t = self.lock_table()?;
-        self.free_slot(slot);
-        self.owned[slot.index()].store(false, Relaxed);
-        if let Some(fd) = self.fd() {
-            lock::unlock(fd, LOCK_SLOT + slot.index() as i64);
+        let t = self.lock_table_until(deadline);
+        self.owned[i].store(false, Relaxed);
+        for (id, m) in self.slot_map.iter().enumerate() {
+            if m.load(Relaxed) as usize == i && self.ids[id].swap(false, Relaxed) {
+                m.store(id as u32, Relaxed);
+            }
         }
-        self.compact();
-        Ok(())
+        self.free_slot(i);
+        if let Some(fd) = self.fd() {
+            lock::unlock(fd, LOCK_SLOT + i as i64);
+        }
+        if t.is_ok() {
+            self.compact();
+        }
+        t.map(drop)
     }
 
     /// Whether this handle registered `slot`.
     pub fn owns(&self, slot: SlotId) -> bool {
-        self.owned[slot.index()].load(Relaxed)
+        self.owned[self.phys(slot)].load(Relaxed)
     }
 
-    fn clear_slot_data(&self, s: SlotId) {
-        let p = self.slot(s);
+    /// Slots this handle registered.
+    pub fn own_slots(&self) -> Vec<SlotId> {
+        (0..MAX_PROCS).filter(|&id| self.ids[id].load(Relaxed)).map(|id| SlotId(id as u32 | OWN)).collect()
+    }
+
+    fn clear_slot_data(&self, i: usize) {
+        let p = &self.v1().procs[i];
+        let began = seq_begin(p);
         for d in 0..MAX_DEVICES {
             let u = &p.used[d];
             for a in [&u.context_size, &u.module_size, &u.data_size, &u.offset, &u.total] {
@@ -697,34 +1105,79 @@ impl Region {
                 a.store(0, Relaxed);
             }
         }
+        seq_end(p, began);
     }
 
-    fn free_slot(&self, s: SlotId) {
-        let p = self.slot(s);
+    fn free_slot(&self, i: usize) {
+        let p = &self.v1().procs[i];
         p.status.store(0, Release);
-        self.clear_slot_data(s);
+        // A writer that died mid-update left the seqlock odd: make it even again.
+        if p.seqlock.load(Acquire) & 1 == 1 {
+            p.seqlock.fetch_add(1, AcqRel);
+        }
+        self.clear_slot_data(i);
         p.pid.store(0, Relaxed);
         p.hostpid.store(0, Relaxed);
-        self.slot_ext(s).generation.fetch_add(1, AcqRel);
+        let x = &self.body().slots[i];
+        x.flags.store(0, Release);
+        x.generation.fetch_add(1, AcqRel);
     }
 
     /// Keep live slots within [0, proc_num) (HAMi's monitor scans only that prefix).
     fn compact(&self) {
-        let v1 = self.v1();
         let mut n = self.proc_num_clamped();
-        while n > 0 && v1.procs[n - 1].status.load(Acquire) == 0 {
+        while n > 0 && !self.counts(n - 1) {
             n -= 1;
         }
-        v1.proc_num.store(n as i32, Release);
+        self.v1().proc_num.store(n as i32, Release);
+    }
+
+    /// Whether slot `i` counts against the caps: live, or exiting and not yet reaped.
+    fn counts(&self, i: usize) -> bool {
+        self.v1().procs[i].status.load(Acquire) != 0 || self.body().slots[i].flags.load(Acquire) & SLOT_FLAG_EXITING != 0
+    }
+
+    /// At exit: the slot disappears for readers at once (`status` 0: HAMi's monitor and our tools
+    /// skip it) but keeps its usage counting against the caps until the process is really gone
+    /// (the driver frees its memory, the context at least, only at teardown); reapers free it once
+    /// its lifetime lock is released. Lock-free; later writes through this handle change nothing.
+    pub fn leave(&self, slot: SlotId) {
+        let i = self.phys(slot);
+        if !self.owned[i].swap(false, Relaxed) {
+            return;
+        }
+        let p = &self.v1().procs[i];
+        // Flag before status (Release): a reader that sees status 0 sees the flag.
+        self.body().slots[i].flags.fetch_or(SLOT_FLAG_EXITING, AcqRel);
+        for u in &p.device_util {
+            u.sm_util.store(0, Relaxed);
+        }
+        p.status.store(0, Release);
+        for (id, m) in self.slot_map.iter().enumerate() {
+            if m.load(Relaxed) as usize == i && self.ids[id].swap(false, Relaxed) {
+                m.store(id as u32, Relaxed);
+            }
+        }
     }
 
     /// Free slots whose owner died (its slot byte can be locked). Returns how many were freed.
+    /// Waits at most [`LOCK_BOUND`] for the table lock (0 freed when it cannot be had).
     pub fn reap_dead(&self) -> usize {
+        self.reap_dead_until(Instant::now() + LOCK_BOUND)
+    }
+
+    /// [`Region::reap_dead`] that never waits (the allocation path and the monitor thread).
+    pub fn reap_dead_nowait(&self) -> usize {
+        self.reap_dead_until(Instant::now())
+    }
+
+    fn reap_dead_until(&self, deadline: Instant) -> usize {
         if self.fd().is_none() {
             return 0;
         }
-        match self.lock_table() {
+        match self.lock_table_until(deadline) {
             Ok(_t) => self.reap_dead_locked(),
+            Err(RegionError::Busy(_)) => 0,
             Err(e) => {
                 crate::warn!("cannot reap dead processes: {e}");
                 0
@@ -736,12 +1189,12 @@ impl Region {
         let Some(fd) = self.fd() else { return 0 };
         let mut freed = 0;
         for i in 0..self.proc_num_clamped() {
-            if self.v1().procs[i].status.load(Acquire) == 0 || self.owned[i].load(Relaxed) {
+            if !self.counts(i) || self.owned[i].load(Relaxed) {
                 continue;
             }
             let byte = LOCK_SLOT + i as i64;
             if let Ok(true) = lock::try_lock(fd, true, byte) {
-                self.free_slot(SlotId(i as u32));
+                self.free_slot(i);
                 lock::unlock(fd, byte);
                 freed += 1;
             }
@@ -755,6 +1208,24 @@ impl Region {
         (0..self.proc_num_clamped())
             .filter(move |&i| self.v1().procs[i].status.load(Acquire) != 0)
             .map(|i| SlotId(i as u32))
+    }
+
+    /// Whether the owner of `slot` is alive: ours, or its lifetime lock is held by another
+    /// process (probed with `F_OFD_GETLK`; a handle without a file trusts `status`). For readers:
+    /// a process that died without cleaning up keeps `status` set until someone reaps it.
+    pub fn slot_owner_alive(&self, slot: SlotId) -> bool {
+        let i = self.phys(slot);
+        if self.v1().procs[i].status.load(Acquire) == 0 {
+            return false;
+        }
+        if self.owned[i].load(Relaxed) {
+            return true;
+        }
+        let fd = self.fd().or(self.probe.as_ref().map(|f| f.as_raw_fd()));
+        match fd {
+            Some(fd) => lock::held_by_other(fd, LOCK_SLOT + i as i64),
+            None => true,
+        }
     }
 
     pub fn proc_num(&self) -> usize {
@@ -771,30 +1242,42 @@ impl Region {
 
     /// Record the host pid once known (clears the "host pid unknown" flag).
     pub fn set_hostpid(&self, slot: SlotId, hostpid: i32) {
+        if !self.owns(slot) {
+            return;
+        }
         self.slot(slot).hostpid.store(hostpid, Relaxed);
         self.slot_ext(slot).flags.fetch_and(!SLOT_FLAG_HOSTPID_UNKNOWN, AcqRel);
     }
 
     pub fn slot_ext(&self, slot: SlotId) -> &SlotExt {
-        &self.body().slots[slot.index()]
+        &self.body().slots[self.phys(slot)]
     }
 
     // ---------- memory ----------
 
+    /// Add to a slot of ours (a slot given back, e.g. at exit, is never written again: its index
+    /// may belong to another process by now).
     fn add(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) {
-        let u = &self.slot(slot).used[dev];
+        if !self.owns(slot) {
+            return;
+        }
+        let p = self.slot(slot);
+        let u = &p.used[dev];
         let field = match kind {
             MemKind::Context => &u.context_size,
             MemKind::Module => &u.module_size,
             MemKind::Data => &u.data_size,
         };
+        let began = seq_begin(p);
         let _ = field.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_add(bytes)));
         let _ = u.total.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_add(bytes)));
+        seq_end(p, began);
     }
 
-    /// Reserve `bytes` on `dev` for `slot` if the device stays within its cap (takes the device
-    /// lock; reaps dead processes before refusing). An uncapped device has nothing to check:
-    /// the charge is a lock-free add, so the allocation path costs no system call there.
+    /// Reserve `bytes` on `dev` for `slot` if the device stays within its cap. An uncapped
+    /// device has nothing to check: the charge is a lock-free add, so the allocation path costs
+    /// no system call there. A capped one takes the device lock, waiting at most [`LOCK_BOUND`]
+    /// for it; without it the reservation is still exact (add-then-check).
     pub fn try_reserve(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
         if dev >= MAX_DEVICES {
             return Err(ReserveError::BadDevice(dev));
@@ -803,20 +1286,62 @@ impl Region {
             self.add(slot, dev, kind, bytes);
             return Ok(());
         }
-        let g = self.lock_device(dev).map_err(|e| ReserveError::Lock(e.to_string()))?;
-        g.try_reserve(slot, kind, bytes)
+        match self.lock_device(dev) {
+            Ok(g) => g.try_reserve(slot, kind, bytes),
+            Err(RegionError::Busy(_)) => self.reserve_checked(slot, dev, kind, bytes),
+            Err(e) => Err(ReserveError::Lock(e.to_string())),
+        }
+    }
+
+    /// Add, then check the sum: of two processes racing for the last bytes at least one sees
+    /// both charges (SeqCst fences), so the cap holds with or without the device lock; the lock
+    /// only spares racers a needless refusal. Reaps dead slots (without waiting) before refusing.
+    fn reserve_checked(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
+        let Some(limit) = self.limit(dev) else {
+            self.add(slot, dev, kind, bytes);
+            return Ok(());
+        };
+        let mut used = 0;
+        for attempt in 0..2 {
+            self.add(slot, dev, kind, bytes);
+            std::sync::atomic::fence(SeqCst);
+            let total = self.device_used(dev);
+            if total <= limit || !self.owns(slot) {
+                return Ok(());
+            }
+            self.release(slot, dev, kind, bytes);
+            used = total.saturating_sub(bytes);
+            if attempt == 1 || self.reap_dead_nowait() == 0 {
+                break;
+            }
+        }
+        Err(ReserveError::OverLimit { used, limit, requested: bytes })
+    }
+
+    /// Charge unconditionally (usage that already exists, e.g. a measured context), even past
+    /// the cap; lock-free.
+    pub fn charge(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) {
+        if dev < MAX_DEVICES {
+            self.add(slot, dev, kind, bytes);
+        }
     }
 
     /// Give back a charge (lock-free; saturates at zero).
     pub fn release(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) {
-        let Some(u) = self.slot(slot).used.get(dev) else { return };
+        if !self.owns(slot) {
+            return;
+        }
+        let p = self.slot(slot);
+        let Some(u) = p.used.get(dev) else { return };
         let field = match kind {
             MemKind::Context => &u.context_size,
             MemKind::Module => &u.module_size,
             MemKind::Data => &u.data_size,
         };
+        let began = seq_begin(p);
         sat_sub(field, bytes);
         sat_sub(&u.total, bytes);
+        seq_end(p, began);
     }
 
     /// Bytes used on `dev` by every live slot.
@@ -824,21 +1349,38 @@ impl Region {
         if dev >= MAX_DEVICES {
             return 0;
         }
-        self.live_slots().fold(0u64, |acc, s| acc.saturating_add(self.slot(s).used[dev].total.load(Acquire)))
+        (0..self.proc_num_clamped())
+            .filter(|&i| self.counts(i))
+            .fold(0u64, |acc, i| acc.saturating_add(self.v1().procs[i].used[dev].total.load(Acquire)))
     }
 
     pub fn proc_used(&self, slot: SlotId, dev: usize) -> u64 {
         self.proc_usage(slot, dev).total
     }
 
+    /// A slot's usage of `dev`, read consistently under the slot's seqlock (a few retries while
+    /// a writer is mid-update; a writer that died mid-update cannot hold readers up).
     pub fn proc_usage(&self, slot: SlotId, dev: usize) -> MemUsage {
-        let Some(u) = self.slot(slot).used.get(dev) else { return MemUsage::default() };
-        MemUsage {
+        let p = self.slot(slot);
+        let Some(u) = p.used.get(dev) else { return MemUsage::default() };
+        let read = || MemUsage {
             context: u.context_size.load(Acquire),
             module: u.module_size.load(Acquire),
             data: u.data_size.load(Acquire),
             total: u.total.load(Acquire),
+        };
+        for _ in 0..1000 {
+            let s1 = p.seqlock.load(Acquire);
+            if s1 & 1 == 0 {
+                let v = read();
+                std::sync::atomic::fence(Acquire);
+                if p.seqlock.load(Relaxed) == s1 {
+                    return v;
+                }
+            }
+            std::hint::spin_loop();
         }
+        read()
     }
 
     // ---------- limits ----------
@@ -1003,6 +1545,9 @@ impl Region {
 
     /// Publish a process's SM utilization in percent (HAMi `device_util[dev].sm_util`).
     pub fn set_proc_sm_util(&self, slot: SlotId, dev: usize, pct: u64) {
+        if !self.owns(slot) {
+            return;
+        }
         if let Some(u) = self.slot(slot).device_util.get(dev) {
             u.sm_util.store(pct, Relaxed);
         }
@@ -1010,6 +1555,29 @@ impl Region {
 
     pub fn proc_sm_util(&self, slot: SlotId, dev: usize) -> u64 {
         self.slot(slot).device_util.get(dev).map_or(0, |u| u.sm_util.load(Relaxed))
+    }
+
+    /// The container's utilization of `dev` in percent x 100 as readers should show it: the
+    /// stored figure while it is fresh, 0 once nothing keeps it up to date. Fresh means a live
+    /// process's limiter closed a utilization window on the device within [`UTIL_WINDOW_NS`] (a
+    /// gated process does every 0.5 s, launching or not: its figure falls to 0 by itself when it
+    /// stops), or a live process launched within it (the ungated path writes the figure only when
+    /// it launches). So the rate falls to 0 when nothing launches, and a launching process never
+    /// reads 0. Readers only: the stored value is the limiter's.
+    pub fn recent_util_centi(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        let now = crate::clock::now_ns();
+        let fresh = |t: u64| t != 0 && now.saturating_sub(t) < UTIL_WINDOW_NS;
+        let window = fresh(self.limiter(dev).window_start_ns.load(Relaxed));
+        let recent = window
+            || self.live_slots().any(|s| fresh(self.slot_ext(s).last_launch_ns.load(Relaxed)) && self.slot_owner_alive(s));
+        if recent {
+            self.limiter(dev).util_centi_percent.load(Relaxed).min(10_000)
+        } else {
+            0
+        }
     }
 
     /// Written by HAMi's monitor: -1 asks a lower-priority container to pause launches.
@@ -1045,18 +1613,23 @@ enum OpenMode {
     Recreate,
 }
 
+/// Slot `i` of the mapping at `base` (an earlier mapping of this handle, still mapped).
+fn old_base_slot<'a>(base: *mut u8, i: usize) -> &'a layout::ProcSlot {
+    // SAFETY: `base` is a mapping of this handle, kept until drop; `i` < MAX_PROCS.
+    unsafe { &(*(base as *const SharedRegionV1)).procs[i] }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // Only the process that registered slots gives them back (a fork child that never called
         // after_fork_child must not free its parent's slots).
         if self.pid == std::process::id() {
-            let mine: Vec<SlotId> =
-                (0..MAX_PROCS).filter(|&i| self.owned[i].load(Relaxed)).map(|i| SlotId(i as u32)).collect();
-            for s in mine {
+            for s in self.own_slots() {
                 let _ = self.unregister(s);
             }
         }
-        unmap(self.base);
+        // Unmaps every mapping (memmap2) and closes every file.
+        drop(std::mem::take(&mut *self.keep_lock()));
     }
 }
 

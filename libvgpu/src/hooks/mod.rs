@@ -45,7 +45,10 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 match $crate::runtime::ensure() {
-                    Some(rt) => $policy(rt, f, $($arg),*),
+                    Some(rt) => {
+                        $crate::guard::maybe_inject(stringify!($name));
+                        $policy(rt, f, $($arg),*)
+                    }
                     None => f($($arg),*),
                 }
             }

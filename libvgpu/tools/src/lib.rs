@@ -1,6 +1,6 @@
 //! Shared code of `shrreg-tool` and `vgpu-smi`: region path resolution, a snapshot model of a
-//! region, renderers (table, JSON, Prometheus text) and a small JSON emitter. Links only
-//! `vgpu-core`, never the hook library.
+//! region (live processes only), renderers (table, JSON, Prometheus text), quiet output on closed
+//! pipes. Links only `vgpu-core`, never the hook library.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -82,13 +82,14 @@ fn shown_devices(r: &Region) -> usize {
 
 pub fn view(r: &Region) -> RegionView {
     let v1 = r.v1();
-    let slots: Vec<_> = r.live_slots().collect();
+    // Only processes that are alive: a slot whose owner died without cleaning up is not shown.
+    let slots: Vec<_> = r.live_slots().filter(|&s| r.slot_owner_alive(s)).collect();
     let devices = (0..shown_devices(r))
         .map(|d| {
-            let procs = slots
+            let usage: Vec<_> = slots.iter().map(|&s| (s, r.proc_usage(s, d))).collect();
+            let procs = usage
                 .iter()
-                .filter_map(|&s| {
-                    let u = r.proc_usage(s, d);
+                .filter_map(|&(s, u)| {
                     let sm = r.proc_sm_util(s, d);
                     (u.total > 0 || sm > 0).then(|| ProcView {
                         slot: s.index(),
@@ -103,16 +104,15 @@ pub fn view(r: &Region) -> RegionView {
                     })
                 })
                 .collect();
-            let util = r.limiter(d).util_centi_percent.load(std::sync::atomic::Ordering::Relaxed);
             DeviceView {
                 index: d,
                 uuid: r.uuid(d),
                 physical: r.physical_total(d),
                 limit: r.limit(d),
-                used: r.device_used(d),
+                used: usage.iter().map(|(_, u)| u.total).sum(),
                 sm_limit: r.sm_limit(d),
                 soft_sm_limit: r.soft_sm_limit(d),
-                util_percent: util.min(10_000) as f64 / 100.0,
+                util_percent: r.recent_util_centi(d) as f64 / 100.0,
                 procs,
             }
         })
@@ -191,17 +191,17 @@ const MIB: u64 = 1 << 20;
 /// vgpu-smi default output: an nvidia-smi-like table.
 pub fn render_table(v: &RegionView) -> String {
     let mut o = String::new();
-    let line = "+-----+----------------------------------------+-----------------------+----------+----------+";
+    let line = "+-----+------------------------------------------+-----------------------+----------+----------+";
     let _ = writeln!(o, "vgpu-smi  region {}{}", v.path, if v.suspended { "  [SUSPENDED]" } else { "" });
     let _ = writeln!(o, "{line}");
-    let _ = writeln!(o, "| GPU | UUID                                   |     Memory used / cap |     Util |   SM cap |");
+    let _ = writeln!(o, "| GPU | UUID                                     |     Memory used / cap |     Util |   SM cap |");
     let _ = writeln!(o, "{line}");
     for d in &v.devices {
         let cap = d.limit.map_or_else(|| "unlimited".to_string(), |l| format!("{}MiB", l / MIB));
         let mem = format!("{}MiB / {}", d.used.div_ceil(MIB), cap);
         let _ = writeln!(
             o,
-            "| {:>3} | {:<38.38} | {:>21} | {:>7.1}% | {:>8} |",
+            "| {:>3} | {:<40} | {:>21} | {:>7.1}% | {:>8} |",
             d.index,
             if d.uuid.is_empty() { "-" } else { &d.uuid },
             mem,
@@ -210,15 +210,15 @@ pub fn render_table(v: &RegionView) -> String {
         );
     }
     let _ = writeln!(o, "{line}");
-    let _ = writeln!(o, "| Processes:                                                                                  |");
-    let _ = writeln!(o, "| GPU |      PID |   Slot |       Memory |  SM util | Launches                                 |");
+    let _ = writeln!(o, "| Processes:                                                                                    |");
+    let _ = writeln!(o, "| GPU |      PID |   Slot |       Memory |  SM util | Launches                                   |");
     let mut any = false;
     for d in &v.devices {
         for p in &d.procs {
             any = true;
             let _ = writeln!(
                 o,
-                "| {:>3} | {:>8} | {:>6} | {:>9}MiB | {:>7}% | {:<40} |",
+                "| {:>3} | {:>8} | {:>6} | {:>9}MiB | {:>7}% | {:<42} |",
                 d.index,
                 p.pid,
                 p.slot,
@@ -229,7 +229,7 @@ pub fn render_table(v: &RegionView) -> String {
         }
     }
     if !any {
-        let _ = writeln!(o, "|  No running processes found                                                                 |");
+        let _ = writeln!(o, "|  No running processes found                                                                   |");
     }
     let _ = writeln!(o, "{line}");
     o
@@ -237,141 +237,54 @@ pub fn render_table(v: &RegionView) -> String {
 
 // ---------- JSON ----------
 
-/// A JSON value; `to_string` emits compact, correctly escaped JSON.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Int(i128),
-    Float(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-pub fn escape_json(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' || c == '\u{2028}' || c == '\u{2029}' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-impl Json {
-    pub fn write(&self, out: &mut String) {
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Int(i) => {
-                let _ = write!(out, "{i}");
-            }
-            // JSON has no NaN/inf: emit null for them.
-            Json::Float(f) if !f.is_finite() => out.push_str("null"),
-            Json::Float(f) => {
-                let _ = write!(out, "{f}");
-            }
-            Json::Str(s) => escape_json(s, out),
-            Json::Arr(a) => {
-                out.push('[');
-                for (i, v) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    v.write(out);
-                }
-                out.push(']');
-            }
-            Json::Obj(m) => {
-                out.push('{');
-                for (i, (k, v)) in m.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    escape_json(k, out);
-                    out.push(':');
-                    v.write(out);
-                }
-                out.push('}');
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for Json {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut s = String::new();
-        self.write(&mut s);
-        f.write_str(&s)
-    }
-}
-
-fn obj(fields: Vec<(&str, Json)>) -> Json {
-    Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
-fn opt_int(v: Option<u64>) -> Json {
-    v.map_or(Json::Null, |x| Json::Int(x as i128))
-}
-
-pub fn to_json(v: &RegionView) -> Json {
-    let devices = v
+pub fn to_json(v: &RegionView) -> serde_json::Value {
+    use serde_json::json;
+    let devices: Vec<_> = v
         .devices
         .iter()
         .map(|d| {
-            let procs = d
+            let procs: Vec<_> = d
                 .procs
                 .iter()
                 .map(|p| {
-                    obj(vec![
-                        ("slot", Json::Int(p.slot as i128)),
-                        ("pid", Json::Int(p.pid as i128)),
-                        ("hostpid", Json::Int(p.hostpid as i128)),
-                        ("used_bytes", Json::Int(p.used as i128)),
-                        ("context_bytes", Json::Int(p.context as i128)),
-                        ("module_bytes", Json::Int(p.module as i128)),
-                        ("data_bytes", Json::Int(p.data as i128)),
-                        ("sm_util_percent", Json::Int(p.sm_util as i128)),
-                        ("launches", Json::Int(p.launches as i128)),
-                    ])
+                    json!({
+                        "slot": p.slot,
+                        "pid": p.pid,
+                        "hostpid": p.hostpid,
+                        "used_bytes": p.used,
+                        "context_bytes": p.context,
+                        "module_bytes": p.module,
+                        "data_bytes": p.data,
+                        "sm_util_percent": p.sm_util,
+                        "launches": p.launches,
+                    })
                 })
                 .collect();
-            obj(vec![
-                ("index", Json::Int(d.index as i128)),
-                ("uuid", Json::Str(d.uuid.clone())),
-                ("physical_bytes", if d.physical == 0 { Json::Null } else { Json::Int(d.physical as i128) }),
-                ("memory_limit_bytes", opt_int(d.limit)),
-                ("memory_used_bytes", Json::Int(d.used as i128)),
-                ("sm_limit_percent", opt_int(d.sm_limit.map(u64::from))),
-                ("soft_sm_limit_percent", opt_int(d.soft_sm_limit.map(u64::from))),
-                ("utilization_percent", Json::Float(d.util_percent)),
-                ("processes", Json::Arr(procs)),
-            ])
+            json!({
+                "index": d.index,
+                "uuid": d.uuid,
+                "physical_bytes": (d.physical != 0).then_some(d.physical),
+                "memory_limit_bytes": d.limit,
+                "memory_used_bytes": d.used,
+                "sm_limit_percent": d.sm_limit,
+                "soft_sm_limit_percent": d.soft_sm_limit,
+                "utilization_percent": d.util_percent,
+                "processes": procs,
+            })
         })
         .collect();
-    obj(vec![
-        ("region", Json::Str(v.path.clone())),
-        ("layout_version", Json::Str(format!("{}.{}", v.major, v.minor))),
-        ("suspended", Json::Bool(v.suspended)),
-        ("priority", Json::Int(v.priority as i128)),
-        ("utilization_switch", Json::Int(v.utilization_switch as i128)),
-        ("recent_kernel", Json::Int(v.recent_kernel as i128)),
-        ("last_kernel_time", Json::Int(v.last_kernel_time as i128)),
-        ("limits_epoch", Json::Int(v.limits_epoch as i128)),
-        ("process_count", Json::Int(v.proc_count as i128)),
-        ("devices", Json::Arr(devices)),
-    ])
+    json!({
+        "region": v.path,
+        "layout_version": format!("{}.{}", v.major, v.minor),
+        "suspended": v.suspended,
+        "priority": v.priority,
+        "utilization_switch": v.utilization_switch,
+        "recent_kernel": v.recent_kernel,
+        "last_kernel_time": v.last_kernel_time,
+        "limits_epoch": v.limits_epoch,
+        "process_count": v.proc_count,
+        "devices": devices,
+    })
 }
 
 // ---------- Prometheus ----------
@@ -381,90 +294,115 @@ pub fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Prometheus text exposition. Names follow HAMi's monitor where the meaning is the same
-/// (`vGPU_device_memory_usage_in_bytes`, `vGPU_device_memory_limit_in_bytes`,
-/// `Device_memory_desc_of_container`, `Device_utilization_desc_of_container`,
-/// `Device_last_kernel_of_container`); the pod labels HAMi adds are unknown inside a container,
-/// so series carry `vdeviceid` and `deviceuuid`. Others are prefixed `vgpu_`.
-pub fn render_metrics(v: &RegionView) -> String {
-    let mut o = String::new();
-    let labels = |d: &DeviceView| format!("vdeviceid=\"{}\",deviceuuid=\"{}\"", d.index, escape_label(&d.uuid));
-    let mut family = |name: &str, help: &str, rows: Vec<(String, String)>| {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} gauge");
-        for (l, val) in rows {
+/// One gauge family: HELP, TYPE and its series (`labels` without braces, may be empty).
+fn family(o: &mut String, name: &str, help: &str, rows: Vec<(String, String)>) {
+    let _ = writeln!(o, "# HELP {name} {help}");
+    let _ = writeln!(o, "# TYPE {name} gauge");
+    for (l, val) in rows {
+        if l.is_empty() {
+            let _ = writeln!(o, "{name} {val}");
+        } else {
             let _ = writeln!(o, "{name}{{{l}}} {val}");
         }
-    };
+    }
+}
+
+/// Prometheus text exposition with HAMi's current metric names (HAMi #1644; see
+/// hami-contract.md): `hami_vgpu_memory_used_bytes`, `hami_vgpu_memory_limit_bytes`,
+/// `hami_vgpu_memory_{context,module,buffer}_bytes`, `hami_container_device_utilization_ratio`,
+/// `hami_container_last_kernel_elapsed_seconds`, labelled `vdevice_index` and `device_uuid` (the
+/// pod labels HAMi's node monitor adds are unknown inside a container). Values are never put in
+/// labels. `now_unix` is the current time (for the elapsed-seconds gauge).
+pub fn render_metrics(v: &RegionView, now_unix: u64) -> String {
+    let mut o = String::new();
+    let labels = |d: &DeviceView| format!("vdevice_index=\"{}\",device_uuid=\"{}\"", d.index, escape_label(&d.uuid));
+    let per_dev = |f: &dyn Fn(&DeviceView) -> String| v.devices.iter().map(|d| (labels(d), f(d))).collect::<Vec<_>>();
+    let sum = |d: &DeviceView, f: fn(&ProcView) -> u64| d.procs.iter().map(f).sum::<u64>().to_string();
+    family(&mut o, "hami_vgpu_memory_used_bytes", "Device memory used by the container's live processes (bytes)", per_dev(&|d| d.used.to_string()));
+    family(&mut o, "hami_vgpu_memory_limit_bytes", "Device memory limit of the container (bytes; the physical size when uncapped)", per_dev(&|d| d.limit.unwrap_or(d.physical).to_string()));
+    family(&mut o, "hami_vgpu_memory_context_bytes", "Device memory used by CUDA contexts (bytes)", per_dev(&|d| sum(d, |p| p.context)));
+    family(&mut o, "hami_vgpu_memory_module_bytes", "Device memory used by loaded modules (bytes)", per_dev(&|d| sum(d, |p| p.module)));
+    family(&mut o, "hami_vgpu_memory_buffer_bytes", "Device memory used by allocations (bytes)", per_dev(&|d| sum(d, |p| p.data)));
+    family(&mut o, "hami_container_device_utilization_ratio", "The container's SM utilization of the device over the last seconds (0..1; 0 when nothing launches)", per_dev(&|d| format!("{}", d.util_percent / 100.0)));
+    let elapsed = if v.last_kernel_time == 0 { vec![] } else { per_dev(&|_| now_unix.saturating_sub(v.last_kernel_time).to_string()) };
+    family(&mut o, "hami_container_last_kernel_elapsed_seconds", "Seconds since the container's latest kernel launch (absent before the first)", elapsed);
+    family(&mut o, "vgpu_device_sm_limit_percent", "SM utilization cap (percent; 100 when uncapped)", per_dev(&|d| d.sm_limit.unwrap_or(100).to_string()));
     family(
-        "vGPU_device_memory_usage_in_bytes",
-        "vGPU device memory used by the container (bytes)",
-        v.devices.iter().map(|d| (labels(d), d.used.to_string())).collect(),
+        &mut o,
+        "vgpu_process_memory_used_bytes",
+        "Device memory used by one live process of the container (bytes)",
+        v.devices.iter().flat_map(|d| d.procs.iter().map(move |p| (format!("{},pid=\"{}\"", labels(d), p.pid), p.used.to_string()))).collect(),
     );
-    family(
-        "vGPU_device_memory_limit_in_bytes",
-        "vGPU device memory limit (bytes; physical size when uncapped)",
-        v.devices.iter().map(|d| (labels(d), d.limit.unwrap_or(d.physical).to_string())).collect(),
-    );
-    family(
-        "Device_memory_desc_of_container",
-        "Container device memory breakdown (bytes) by kind",
-        v.devices
-            .iter()
-            .map(|d| {
-                let sum = |f: fn(&ProcView) -> u64| d.procs.iter().map(f).sum::<u64>();
-                let l = format!(
-                    "{},context=\"{}\",module=\"{}\",data=\"{}\",offset=\"0\"",
-                    labels(d),
-                    sum(|p| p.context),
-                    sum(|p| p.module),
-                    sum(|p| p.data)
-                );
-                (l, d.used.to_string())
-            })
-            .collect(),
-    );
-    family(
-        "Device_utilization_desc_of_container",
-        "Container SM utilization of the device (percent)",
-        v.devices.iter().map(|d| (labels(d), format!("{}", d.util_percent))).collect(),
-    );
-    family(
-        "Device_last_kernel_of_container",
-        "Unix time of the container's latest kernel launch (seconds)",
-        v.devices.iter().map(|d| (labels(d), v.last_kernel_time.to_string())).collect(),
-    );
-    family(
-        "vgpu_device_sm_limit_percent",
-        "SM utilization cap (percent; 100 when uncapped)",
-        v.devices.iter().map(|d| (labels(d), d.sm_limit.unwrap_or(100).to_string())).collect(),
-    );
-    family(
-        "vgpu_process_memory_usage_in_bytes",
-        "Device memory used by one process of the container (bytes)",
-        v.devices
-            .iter()
-            .flat_map(|d| d.procs.iter().map(move |p| (d, p)))
-            .map(|(d, p)| (format!("{},pid=\"{}\"", labels(d), p.pid), p.used.to_string()))
-            .collect(),
-    );
-    family("vgpu_suspended", "1 when the container's launches are suspended", vec![(String::new(), (v.suspended as u8).to_string())]);
-    // `name{}` is valid exposition, but print a bare name for the unlabeled series.
-    o.replace("vgpu_suspended{} ", "vgpu_suspended ")
+    family(&mut o, "vgpu_suspended", "1 when the container's launches are suspended", vec![(String::new(), (v.suspended as u8).to_string())]);
+    o
+}
+
+/// The names HAMi's monitor used before #1644 (`vgpu-smi --legacy-metrics`), as they were:
+/// `Device_memory_desc_of_container` carries the byte counts in its labels, as it did there.
+pub fn render_legacy_metrics(v: &RegionView) -> String {
+    let mut o = String::new();
+    let labels = |d: &DeviceView| format!("vdeviceid=\"{}\",deviceuuid=\"{}\"", d.index, escape_label(&d.uuid));
+    let per_dev = |f: &dyn Fn(&DeviceView) -> String| v.devices.iter().map(|d| (labels(d), f(d))).collect::<Vec<_>>();
+    family(&mut o, "vGPU_device_memory_usage_in_bytes", "vGPU device memory used by the container (bytes)", per_dev(&|d| d.used.to_string()));
+    family(&mut o, "vGPU_device_memory_limit_in_bytes", "vGPU device memory limit (bytes; physical size when uncapped)", per_dev(&|d| d.limit.unwrap_or(d.physical).to_string()));
+    let desc = v
+        .devices
+        .iter()
+        .map(|d| {
+            let sum = |f: fn(&ProcView) -> u64| d.procs.iter().map(f).sum::<u64>();
+            let l = format!("{},context=\"{}\",module=\"{}\",data=\"{}\",offset=\"0\"", labels(d), sum(|p| p.context), sum(|p| p.module), sum(|p| p.data));
+            (l, d.used.to_string())
+        })
+        .collect();
+    family(&mut o, "Device_memory_desc_of_container", "Container device memory breakdown (bytes) by kind", desc);
+    family(&mut o, "Device_utilization_desc_of_container", "Container SM utilization of the device (percent)", per_dev(&|d| format!("{}", d.util_percent)));
+    family(&mut o, "Device_last_kernel_of_container", "Unix time of the container's latest kernel launch (seconds)", per_dev(&|_| v.last_kernel_time.to_string()));
+    o
+}
+
+/// Write to stdout; a closed pipe (`| head`) ends the tool quietly with status 0.
+pub fn emit(s: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing output failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Parse the command line: `--help` prints and exits 0; an error prints one line and exits 2.
+pub fn parse_args(cli: clap::Command) -> clap::ArgMatches {
+    let name = cli.get_name().to_string();
+    match cli.try_get_matches() {
+        Ok(m) => m,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+            let text = e.render().to_string();
+            emit(&text);
+            if !text.ends_with('\n') {
+                emit("\n");
+            }
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("{name}: error: {} (see --help)", one_line(&e));
+            std::process::exit(2);
+        }
+    }
+}
+
+/// One line for a command-line error from clap (its own rendering spans several lines).
+pub fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+    first.trim_start_matches("error: ").to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn json_escaping() {
-        let j = Json::Obj(vec![
-            ("a\"b".into(), Json::Str("x\\y\n\t\u{1}é".into())),
-            ("n".into(), Json::Arr(vec![Json::Null, Json::Bool(true), Json::Int(-3), Json::Float(1.5), Json::Float(f64::NAN)])),
-        ]);
-        assert_eq!(j.to_string(), r#"{"a\"b":"x\\y\n\t\u0001é","n":[null,true,-3,1.5,null]}"#);
-    }
 
     #[test]
     fn label_escaping() {

@@ -127,7 +127,7 @@ fn error_paths() {
     }
     let _r = populated(&t.0);
     for (args, needle) in [
-        (vec!["--set-sm-limit", "16", "5"], "invalid device index"),
+        (vec!["--set-sm-limit", "16", "5"], "the region has 2 device(s)"),
         (vec!["--set-sm-limit", "x", "5"], "invalid device index"),
         (vec!["--set-sm-limit", "0", "101"], "invalid SM limit"),
         (vec!["--set-sm-limit", "0", "-1"], "invalid SM limit"),
@@ -166,7 +166,12 @@ fn create_new_and_version() {
     let r = Region::open_existing(&t.0).unwrap();
     assert_eq!(r.limit(0), Some(3000 * MIB));
     assert_eq!(r.sm_limit(0), Some(40));
+    assert_eq!(r.device_num(), 1, "a global SM cap invented devices");
     drop(r);
+    // a global cap alone: one device, not sixteen
+    let t2 = Tmp::new();
+    tool("shrreg-tool").args(["--file", t2.0.to_str().unwrap(), "--create_new"]).env("CUDA_DEVICE_MEMORY_LIMIT", "1g").assert().success();
+    assert_eq!(Region::open_existing(&t2.0).unwrap().device_num(), 1);
     let a = tool("shrreg-tool").args(["--file", f, "--version"]).assert().success();
     assert!(stdout(&a).contains("layout 1.2"), "{}", stdout(&a));
     // refused while a live process uses the region
@@ -381,41 +386,206 @@ fn smi_json() {
     assert_eq!(procs[0].get("context_bytes").num(), (512 * MIB) as f64);
 }
 
+/// Parse Prometheus text with a real parser; returns the samples.
+fn parse_prom(text: &str) -> Vec<prometheus_parse::Sample> {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    prometheus_parse::Scrape::parse(lines).expect("Prometheus text format").samples
+}
+
+fn prom_value(samples: &[prometheus_parse::Sample], name: &str, dev: &str) -> f64 {
+    let s = samples
+        .iter()
+        .find(|s| s.metric == name && s.labels.get("vdevice_index") == Some(dev))
+        .unwrap_or_else(|| panic!("no {name} for device {dev}"));
+    match s.value {
+        prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+        ref v => panic!("{name}: {v:?}"),
+    }
+}
+
 #[test]
-fn smi_metrics_well_formed() {
+fn smi_metrics_speak_hami_names_without_values_in_labels() {
     let t = Tmp::new();
     let _r = populated(&t.0);
     let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap(), "--metrics"]).assert().success();
     let out = stdout(&a);
-    let mut typed = std::collections::HashSet::new();
-    for line in out.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let mut it = rest.split(' ');
-            typed.insert(it.next().unwrap().to_string());
-            assert_eq!(it.next(), Some("gauge"));
-            continue;
-        }
-        if line.starts_with("# HELP ") {
-            continue;
-        }
-        // name{labels} value  |  name value
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
-        value.parse::<f64>().unwrap_or_else(|_| panic!("bad value in {line:?}"));
-        let name = series.split('{').next().unwrap();
-        assert!(!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{line}");
-        assert!(typed.contains(name), "series before its TYPE: {line}");
-        if let Some(labels) = series.strip_prefix(name) {
-            if !labels.is_empty() {
-                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
-            }
+    let samples = parse_prom(&out);
+    assert_eq!(prom_value(&samples, "hami_vgpu_memory_used_bytes", "0"), (1536 * MIB) as f64);
+    assert_eq!(prom_value(&samples, "hami_vgpu_memory_limit_bytes", "0"), (4 * GIB) as f64);
+    assert_eq!(prom_value(&samples, "hami_vgpu_memory_limit_bytes", "1"), (16 * GIB) as f64);
+    assert_eq!(prom_value(&samples, "hami_vgpu_memory_context_bytes", "0"), (512 * MIB) as f64);
+    assert_eq!(prom_value(&samples, "hami_vgpu_memory_module_bytes", "0"), 0.0);
+    assert_eq!(prom_value(&samples, "hami_vgpu_memory_buffer_bytes", "0"), GIB as f64);
+    let ratio = prom_value(&samples, "hami_container_device_utilization_ratio", "0");
+    assert!((0.0..=1.0).contains(&ratio));
+    assert!(out.contains("hami_vgpu_memory_used_bytes{vdevice_index=\"1\",device_uuid=\"GPU-\\\"q\\\"\"} 0"), "escaped label: {out}");
+    for s in &samples {
+        for (k, v) in s.labels.iter() {
+            assert!(!(k.ends_with("bytes") || ["context", "module", "data", "offset"].contains(&k.as_str())), "value in label {k}={v}");
         }
     }
-    assert!(out.contains("vGPU_device_memory_usage_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\"} 1610612736"), "{out}");
-    assert!(out.contains("vGPU_device_memory_limit_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\"} 4294967296"));
-    assert!(out.contains("vGPU_device_memory_limit_in_bytes{vdeviceid=\"1\",deviceuuid=\"GPU-\\\"q\\\"\"} 17179869184"), "{out}");
-    assert!(out.contains("Device_utilization_desc_of_container{"));
-    assert!(out.contains("vgpu_process_memory_usage_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\",pid=\"4242\"} 1610612736"));
+    for line in out.lines().filter(|l| l.starts_with("# TYPE ")) {
+        assert!(line.ends_with(" gauge"), "{line}");
+    }
+    assert!(!out.contains("vGPU_device_memory_usage_in_bytes"), "legacy names without --legacy-metrics");
     assert!(out.contains("\nvgpu_suspended 0\n"));
+    // never launched: no elapsed-seconds series yet
+    assert!(!samples.iter().any(|s| s.metric == "hami_container_last_kernel_elapsed_seconds"));
+}
+
+#[test]
+fn smi_legacy_metrics_keep_the_old_names() {
+    let t = Tmp::new();
+    let r = populated(&t.0);
+    r.set_last_kernel_time(1_700_000_000);
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap(), "--legacy-metrics"]).assert().success();
+    let out = stdout(&a);
+    parse_prom(&out);
+    assert!(out.contains("vGPU_device_memory_usage_in_bytes{vdeviceid=\"0\",deviceuuid=\"GPU-1111\"} 1610612736"), "{out}");
+    assert!(out.contains("vGPU_device_memory_limit_in_bytes{vdeviceid=\"1\",deviceuuid=\"GPU-\\\"q\\\"\"} 17179869184"), "{out}");
+    assert!(out.contains("Device_last_kernel_of_container{vdeviceid=\"0\",deviceuuid=\"GPU-1111\"} 1700000000"));
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap(), "--metrics"]).assert().success();
+    let samples = parse_prom(&stdout(&a));
+    assert!(prom_value(&samples, "hami_container_last_kernel_elapsed_seconds", "0") > 1000.0);
+}
+
+#[test]
+fn invalid_values_change_nothing_with_one_line() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let f = t.0.to_str().unwrap();
+    let before = std::fs::read(&t.0).unwrap();
+    let cases: &[&[&str]] = &[
+        &["--set-mem-limit", "0", "0.0001k"],
+        &["--set-mem-limit", "0", "-1g"],
+        &["--set-mem-limit", "0", "lots"],
+        &["--set-mem-limit", "0", "0.00001%"],
+        &["--set-mem-limit", "2", "1g"],
+        &["--set-mem-limit", "15", "1g"],
+        &["--set-mem-limit", "16", "1g"],
+        &["--set-sm-limit", "5", "30"],
+        &["--set-sm-limit", "0", "101"],
+        &["--set-sm-limit", "0", "-3"],
+        &["--set-sm-limit", "x", "30"],
+        // a valid change before an invalid one is not applied either
+        &["--set-sm-limit", "0", "40", "--set-mem-limit", "9", "1g"],
+        &["--suspend", "--set-sm-limit", "1", "abc"],
+    ];
+    for args in cases {
+        let a = tool("shrreg-tool").args(["--file", f]).args(*args).assert().code(1);
+        let err = stderr(&a);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(stdout(&a).is_empty(), "{args:?}");
+        assert!(std::fs::read(&t.0).unwrap() == before, "{args:?} changed the region");
+    }
+    // the same value in the environment fails closed; here it is refused, never an uncap
+    let a = tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "0", "0.0001k"]).assert().code(1);
+    assert!(stderr(&a).contains("rounds down to 0"), "{}", stderr(&a));
+    // devices beyond the region are never invented
+    let a = tool("vgpu-smi").args(["--file", f, "--json"]).assert().success();
+    assert_eq!(parse_json(stdout(&a).trim()).get("devices").arr().len(), 2);
+}
+
+#[test]
+fn conflicting_or_bad_flags_are_refused_with_one_line() {
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let f = t.0.to_str().unwrap();
+    let cases: &[(&str, &[&str])] = &[
+        ("vgpu-smi", &["--json", "--metrics"]),
+        ("vgpu-smi", &["--metrics", "--legacy-metrics"]),
+        ("vgpu-smi", &["--count", "0"]),
+        ("vgpu-smi", &["--count", "x"]),
+        ("vgpu-smi", &["--interval", "0"]),
+        ("vgpu-smi", &["--bogus"]),
+        ("shrreg-tool", &["--suspend", "--resume"]),
+        ("shrreg-tool", &["--set-sm-limit", "0"]),
+        ("shrreg-tool", &[]),
+        ("shrreg-tool", &["--bogus"]),
+    ];
+    for (bin, args) in cases {
+        let a = tool(bin).args(["--file", f]).args(*args).assert().code(2);
+        let err = stderr(&a);
+        assert_eq!(err.lines().count(), 1, "{bin} {args:?}: {err}");
+    }
+}
+
+#[test]
+fn help_documents_every_flag_the_default_path_and_the_interval() {
+    let a = tool("vgpu-smi").arg("--help").assert().success();
+    let h = stdout(&a);
+    for w in ["--file", "--json", "--metrics", "--legacy-metrics", "--watch", "--count", "--interval", "/tmp/cudevshr.cache", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "[default: 1]"] {
+        assert!(h.contains(w), "vgpu-smi --help lacks {w}:\n{h}");
+    }
+    let a = tool("shrreg-tool").arg("--help").assert().success();
+    let h = stdout(&a);
+    for w in ["--file", "--create_new", "--print", "--version", "--suspend", "--resume", "--set-sm-limit", "--set-mem-limit", "/tmp/cudevshr.cache", "CUDA_DEVICE_MEMORY_SHARED_CACHE"] {
+        assert!(h.contains(w), "shrreg-tool --help lacks {w}:\n{h}");
+    }
+}
+
+#[test]
+fn closed_pipes_end_quietly() {
+    use std::io::Read;
+    use std::process::{Command as Cmd, Stdio};
+    let t = Tmp::new();
+    let _r = populated(&t.0);
+    let bin = assert_cmd::cargo::cargo_bin("vgpu-smi");
+    for args in [&["--watch", "--interval", "0.1"][..], &["--metrics", "--count", "50"][..]] {
+        let mut c = Cmd::new(&bin)
+            .args(["--file", t.0.to_str().unwrap()])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // read a little, then close our end (what `| head -3` does)
+        let mut out = c.stdout.take().unwrap();
+        let mut buf = [0u8; 64];
+        out.read_exact(&mut buf).unwrap();
+        drop(out);
+        let st = c.wait().unwrap();
+        let mut err = String::new();
+        c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(st.success(), "{args:?}: {st}\n{err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn table_shows_a_full_uuid() {
+    let t = Tmp::new();
+    let uuid = "GPU-12345678-1234-1234-1234-123456789abc";
+    let mut i = init();
+    i.uuids = vec![uuid.into()];
+    i.device_num = 1;
+    let _r = Region::open(&t.0, &i).unwrap();
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap()]).assert().success();
+    assert!(stdout(&a).contains(uuid), "{}", stdout(&a));
+}
+
+#[test]
+fn exited_and_dead_processes_are_not_shown() {
+    let t = Tmp::new();
+    let r = populated(&t.0);
+    // a slot whose owner died without cleaning up: status set, lifetime lock free
+    let s2 = r.register(777).unwrap();
+    r.try_reserve(s2, 0, MemKind::Data, GIB).unwrap();
+    drop(r);
+    // forge a leftover slot with status 1 (as a SIGKILLed process leaves it)
+    let bytes = std::fs::read(&t.0).unwrap();
+    assert!(bytes.len() > 1856);
+    let r = Region::open_existing(&t.0).unwrap();
+    r.v1().procs[5].status.store(1, Ordering::Release);
+    r.v1().procs[5].pid.store(999, Ordering::Release);
+    r.v1().procs[5].used[0].total.store(GIB, Ordering::Release);
+    r.v1().proc_num.store(6, Ordering::Release);
+    let a = tool("vgpu-smi").args(["--file", t.0.to_str().unwrap(), "--json"]).assert().success();
+    let j = parse_json(stdout(&a).trim());
+    assert_eq!(j.get("process_count").num(), 0.0, "{}", stdout(&a));
+    assert_eq!(j.get("devices").arr()[0].get("memory_used_bytes").num(), 0.0);
+    let a = tool("shrreg-tool").args(["--file", t.0.to_str().unwrap(), "--print"]).assert().success();
+    assert!(!stdout(&a).contains("pid 999"), "{}", stdout(&a));
 }
 
 #[test]
@@ -431,8 +601,6 @@ fn smi_watch_and_errors() {
     for l in out.lines() {
         parse_json(l);
     }
-    tool("vgpu-smi").args(["--file", f, "--count", "0"]).assert().code(2);
-    tool("vgpu-smi").args(["--bogus"]).assert().code(2);
     let a = tool("vgpu-smi").args(["--file", "/nonexistent/x.cache"]).assert().code(1);
     assert!(stderr(&a).contains("does not exist"));
 }

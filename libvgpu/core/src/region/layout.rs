@@ -124,6 +124,9 @@ pub struct SlotExt {
 }
 
 pub const SLOT_FLAG_HOSTPID_UNKNOWN: u32 = 1;
+/// The owner exited (`status` is 0, so readers skip it) but may still hold device memory until
+/// the kernel has torn it down: the slot keeps counting against the cap until reaped.
+pub const SLOT_FLAG_EXITING: u32 = 2;
 
 /// Extension body (64-aligned).
 #[repr(C, align(64))]

@@ -28,22 +28,6 @@ fn flock(kind: libc::c_int, start: i64) -> libc::flock {
     fl
 }
 
-/// Blocking lock of one byte (`F_WRLCK`/`F_RDLCK`); retries on EINTR.
-pub fn lock_wait(fd: RawFd, write: bool, byte: i64) -> io::Result<()> {
-    let fl = flock(if write { libc::F_WRLCK } else { libc::F_RDLCK }, byte);
-    loop {
-        // SAFETY: valid fd owned by the caller, valid flock.
-        let r = unsafe { libc::fcntl(fd, libc::F_OFD_SETLKW, &fl) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
-        }
-    }
-}
-
 /// Non-blocking lock of one byte: Ok(true) taken, Ok(false) held by another description.
 pub fn try_lock(fd: RawFd, write: bool, byte: i64) -> io::Result<bool> {
     let fl = flock(if write { libc::F_WRLCK } else { libc::F_RDLCK }, byte);
@@ -64,4 +48,32 @@ pub fn unlock(fd: RawFd, byte: i64) {
     let fl = flock(libc::F_UNLCK, byte);
     // SAFETY: as above; unlocking a byte we do not hold is a no-op.
     unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) };
+}
+
+/// Lock one byte, polling `F_OFD_SETLK` until `deadline`: Ok(true) taken, Ok(false) still held by
+/// another description at the deadline. Never waits on a stopped or frozen holder past the bound.
+pub fn lock_until(fd: RawFd, write: bool, byte: i64, deadline: std::time::Instant) -> io::Result<bool> {
+    let mut pause = std::time::Duration::from_micros(20);
+    loop {
+        if try_lock(fd, write, byte)? {
+            return Ok(true);
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        // Short pauses: polling is less fair than a queued F_OFD_SETLKW, so a waiter must look
+        // often enough not to be starved by newcomers while the lock changes hands quickly.
+        pause = (pause * 2).min(std::time::Duration::from_micros(250));
+    }
+}
+
+/// Whether another open file description holds a lock on `byte` that a write lock would conflict
+/// with (`F_OFD_GETLK`; read access suffices). Errors read as "not held".
+pub fn held_by_other(fd: RawFd, byte: i64) -> bool {
+    let mut fl = flock(libc::F_WRLCK, byte);
+    // SAFETY: valid fd, valid flock; the kernel only writes into `fl`.
+    let r = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) };
+    r == 0 && fl.l_type != libc::F_UNLCK as libc::c_short
 }

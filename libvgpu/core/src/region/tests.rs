@@ -107,6 +107,7 @@ fn write_file(path: &Path, bytes: &[u8]) {
 }
 
 fn valid_bytes(path: &Path) -> Vec<u8> {
+    let _ = std::fs::remove_file(path);
     drop(Region::create_new(path, &init_with(Some(GIB), None)).unwrap());
     std::fs::read(path).unwrap()
 }
@@ -141,15 +142,29 @@ fn bad_files(path: &Path) -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// Damaged regions of ours (our extension magic in place) are recreated when unused; files that
+/// are not recognizably ours (too short to tell, a foreign layout, random bytes) are never
+/// changed: one error, and the caller falls back to a private region.
 #[test]
-fn bad_files_are_recreated_when_unused() {
+fn bad_files_of_ours_are_recreated_when_unused_others_untouched() {
     let p = TempPath::new("bad");
     for (name, bytes) in bad_files(&p.0) {
         write_file(&p.0, &bytes);
-        let r = Region::open(&p.0, &init_with(Some(GIB), None)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(r.limit(0), Some(GIB), "{name}");
-        assert_eq!(r.proc_num(), 0, "{name}");
-        assert_eq!(std::fs::metadata(&p.0).unwrap().len(), TOTAL_SIZE as u64);
+        let ours = bytes.len() >= EXT_OFFSET + 8 && bytes[EXT_OFFSET..EXT_OFFSET + 8] == EXT_MAGIC;
+        match Region::open(&p.0, &init_with(Some(GIB), None)) {
+            Ok(r) => {
+                assert!(ours, "{name}: a file that is not ours was taken over");
+                assert_eq!(r.limit(0), Some(GIB), "{name}");
+                assert_eq!(r.proc_num(), 0, "{name}");
+                assert_eq!(std::fs::metadata(&p.0).unwrap().len(), TOTAL_SIZE as u64);
+            }
+            Err(e) => {
+                assert!(!ours, "{name}: {e}");
+                assert!(matches!(e, RegionError::Invalid { .. }), "{name}: {e}");
+                assert!(!e.to_string().contains('\n'));
+                assert_eq!(std::fs::read(&p.0).unwrap(), bytes, "{name}: changed");
+            }
+        }
     }
 }
 
@@ -455,6 +470,12 @@ fn child_entry() {
             println!("READY");
             std::thread::sleep(Duration::from_secs(60));
         }
+        "touch_all" => {
+            for i in 0..MAX_PROCS {
+                r.v1().procs[i].seqlock.fetch_add(2, Relaxed);
+            }
+            r.ext_header().reserved[12].fetch_add(1, Relaxed);
+        }
         "hold_lock" => {
             r.try_reserve(slot, 0, MemKind::Data, n).unwrap();
             let _g = r.lock_device(0).unwrap();
@@ -617,4 +638,246 @@ proptest! {
             prop_assert!(hs[0].device_used(0) <= limit);
         }
     }
+}
+
+// ---------- issue 12: hostile paths, full filesystems, stopped holders, replaced files ----------
+
+#[test]
+fn symlink_at_the_region_path_is_not_followed() {
+    let target = TempPath::new("victim");
+    let link = TempPath::new("link");
+    write_file(&target.0, b"precious data\n");
+    std::fs::set_permissions(&target.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&target.0, &link.0).unwrap();
+    let e = Region::open(&link.0, &init_with(Some(GIB), None)).err().expect("followed a symlink");
+    assert!(e.to_string().contains("symbolic link") && !e.to_string().contains('\n'), "{e}");
+    assert!(Region::create_new(&link.0, &init_with(None, None)).is_err());
+    assert!(Region::open_existing(&link.0).is_err());
+    assert!(Region::snapshot(&link.0).is_err());
+    assert_eq!(std::fs::read(&target.0).unwrap(), b"precious data\n");
+    let mode = std::fs::metadata(&target.0).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the target's mode changed");
+    // a dangling link is not followed to create a file either
+    let dangling = TempPath::new("dangling");
+    let link2 = TempPath::new("link2");
+    std::os::unix::fs::symlink(&dangling.0, &link2.0).unwrap();
+    assert!(Region::open(&link2.0, &init_with(Some(GIB), None)).is_err());
+    assert!(!dangling.0.exists(), "created a file through a dangling link");
+}
+
+#[test]
+fn foreign_regular_file_is_left_untouched() {
+    let p = TempPath::new("foreign");
+    let content: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    write_file(&p.0, &content);
+    std::fs::set_permissions(&p.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let e = Region::open(&p.0, &init_with(Some(GIB), None)).err().expect("took over a foreign file");
+    assert!(matches!(e, RegionError::Invalid { .. }), "{e}");
+    assert_eq!(std::fs::read(&p.0).unwrap(), content);
+    assert_eq!(std::fs::metadata(&p.0).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn file_of_another_user_is_refused_even_for_root() {
+    if !is_root() {
+        eprintln!("SKIPPED file_of_another_user_is_refused_even_for_root: needs root to chown");
+        return;
+    }
+    let p = TempPath::new("otheruid");
+    // An empty file and a valid region, both owned by uid 65534.
+    for bytes in [Vec::new(), valid_bytes(&p.0)] {
+        write_file(&p.0, &bytes);
+        std::os::unix::fs::chown(&p.0, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&p.0, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Region::open(&p.0, &init_with(Some(GIB), None)).err().expect("used another user's file");
+        assert!(e.to_string().contains("uid 65534"), "{e}");
+        assert_eq!(std::fs::read(&p.0).unwrap(), bytes);
+        assert_eq!(std::fs::metadata(&p.0).unwrap().permissions().mode() & 0o777, 0o644);
+    }
+}
+
+/// A small tmpfs, unmounted on drop; `None` (with a loud line) where mounting is impossible.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(tag: &str, size: &str) -> Option<Tmpfs> {
+        let dir = std::env::temp_dir().join(format!("vgpu-tmpfs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIPPED {tag}: cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN); full-filesystem behaviour NOT tested");
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn full_filesystem_is_an_error_not_a_sigbus() {
+    let Some(fs) = Tmpfs::mount("full-fs", "1m") else { return };
+    let path = fs.0.join("cudevshr.cache");
+    let e = Region::open(&path, &init_with(Some(GIB), None)).err().expect("a 2 MiB region fit in 1 MiB");
+    assert!(matches!(e, RegionError::NoSpace(_)), "{e}");
+    assert!(!path.exists(), "left an empty husk behind");
+}
+
+#[test]
+fn filesystem_filling_after_creation_does_not_hurt_later_processes() {
+    let Some(fs) = Tmpfs::mount("fills-later", "3m") else { return };
+    let path = fs.0.join("cudevshr.cache");
+    let a = Region::open(&path, &init_with(Some(GIB), None)).unwrap();
+    // fill the rest of the filesystem
+    let mut filler = File::create(fs.0.join("filler")).unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    while filler.write_all(&chunk).is_ok() {}
+    drop(filler);
+    // a new process maps the existing file and touches every slot: no SIGBUS
+    let mut kid = spawn_role("touch_all", &path, 0);
+    let st = kid.wait().unwrap();
+    assert!(st.success(), "child died: {st}");
+    assert!(a.limit(0).is_some());
+}
+
+#[test]
+fn stopped_lock_holder_delays_nobody_past_the_bound() {
+    let p = TempPath::new("stopped");
+    let r = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let s = r.register(std::process::id() as i32).unwrap();
+    let mut kid = spawn_role("hold_lock", &p.0, 16 * MIB as usize);
+    wait_ready(&mut kid);
+    // SAFETY: stopping our own child.
+    unsafe { libc::kill(kid.id() as i32, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    for i in 0..20 {
+        let t = Instant::now();
+        r.try_reserve(s, 0, MemKind::Data, MIB).unwrap();
+        r.release(s, 0, MemKind::Data, MIB);
+        assert!(t.elapsed() < Duration::from_secs(1), "try {i} took {:?}", t.elapsed());
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "20 tries took {:?}", t0.elapsed());
+    // still capped: the stopped holder's 16 MiB count
+    r.try_reserve(s, 0, MemKind::Data, 48 * MIB).unwrap();
+    assert!(matches!(r.try_reserve(s, 0, MemKind::Data, MIB), Err(ReserveError::OverLimit { .. })));
+    kill9(&mut kid);
+}
+
+#[test]
+fn unlinked_region_is_reattached_and_keeps_one_cap() {
+    let p = TempPath::new("unlinked");
+    let a = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    let sa = a.register(1).unwrap();
+    a.try_reserve(sa, 0, MemKind::Data, 1536 * MIB).unwrap();
+    assert!(!a.replaced());
+    std::fs::remove_file(&p.0).unwrap();
+    assert!(a.replaced());
+    assert!(a.reattach_if_replaced().unwrap());
+    assert!(!a.replaced());
+    // a newcomer opens the file now at the path and sees a's usage
+    let b = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    let sb = b.register(2).unwrap();
+    assert_eq!(b.device_used(0), 1536 * MIB);
+    assert!(b.try_reserve(sb, 0, MemKind::Data, GIB).is_err(), "two caps after the file was deleted");
+    b.try_reserve(sb, 0, MemKind::Data, 512 * MIB).unwrap();
+    // a's slot id still works after the move
+    a.release(sa, 0, MemKind::Data, 512 * MIB);
+    assert_eq!(b.device_used(0), 1536 * MIB);
+    assert!(a.owns(sa));
+    drop(a);
+    assert_eq!(b.device_used(0), 512 * MIB);
+}
+
+#[test]
+fn slot_writes_leave_the_seqlock_even() {
+    let p = TempPath::new("seqlock");
+    let r = Region::open(&p.0, &init_with(Some(GIB), None)).unwrap();
+    let s = r.register(1).unwrap();
+    let before = r.v1().procs[s.index()].seqlock.load(Relaxed);
+    r.try_reserve(s, 0, MemKind::Data, MIB).unwrap();
+    r.release(s, 0, MemKind::Data, MIB);
+    let after = r.v1().procs[s.index()].seqlock.load(Relaxed);
+    assert_eq!(after % 2, 0);
+    assert!(after >= before + 4, "writes did not bump the seqlock ({before} -> {after})");
+    // a writer that died mid-update (odd) does not hold readers, and reaping evens it
+    r.v1().procs[s.index()].seqlock.fetch_add(1, Relaxed);
+    let t = Instant::now();
+    let _ = r.proc_usage(s, 0);
+    assert!(t.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn slots_follow_through_repeated_reattaches() {
+    let p = TempPath::new("reattach2");
+    let a = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
+    let s1 = a.register(1).unwrap();
+    let s2 = a.register(2).unwrap();
+    a.try_reserve(s1, 0, MemKind::Data, GIB).unwrap();
+    a.try_reserve(s2, 0, MemKind::Data, 2 * GIB).unwrap();
+    for round in 0..3 {
+        // someone else takes index 0 in the replacement, so our slots move
+        std::fs::remove_file(&p.0).unwrap();
+        let other = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
+        let so = other.register(100 + round).unwrap();
+        assert!(a.reattach_if_replaced().unwrap(), "round {round}");
+        assert_eq!(a.own_slots().len(), 2, "round {round}");
+        assert_eq!(other.device_used(0), 3 * GIB, "round {round}");
+        assert!(matches!(other.try_reserve(so, 0, MemKind::Data, 2 * GIB), Err(ReserveError::OverLimit { .. })));
+        drop(other);
+    }
+    let s3 = a.register(3).unwrap();
+    assert_eq!(a.own_slots().len(), 3);
+    a.release(s1, 0, MemKind::Data, GIB);
+    assert_eq!(a.device_used(0), 2 * GIB);
+    a.unregister(s3).unwrap();
+    assert_eq!(a.own_slots().len(), 2);
+    drop(a);
+    let b = Region::open(&p.0, &init_with(Some(4 * GIB), None)).unwrap();
+    assert_eq!((b.device_used(0), b.live_slots().count()), (0, 0));
+}
+
+#[test]
+fn a_slot_left_at_exit_is_gone_for_readers_but_counts_until_its_owner_is() {
+    let p = TempPath::new("leave");
+    let a = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    let s = a.register(1).unwrap();
+    a.try_reserve(s, 0, MemKind::Context, GIB).unwrap();
+    a.leave(s);
+    a.release(s, 0, MemKind::Context, GIB); // a late free from a destructor changes nothing
+    let b = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    let sb = b.register(2).unwrap();
+    assert_eq!(b.live_slots().count(), 1, "only b is live for readers");
+    assert_eq!(b.v1().procs[s.index()].status.load(Relaxed), 0);
+    assert_eq!(b.device_used(0), GIB, "the exiting process's memory still counts");
+    assert!(b.try_reserve(sb, 0, MemKind::Data, GIB + MIB).is_err());
+    drop(a); // the process is gone: its lifetime lock is released
+    assert_eq!(b.reap_dead(), 1);
+    assert_eq!(b.device_used(0), 0);
+    b.try_reserve(sb, 0, MemKind::Data, GIB + MIB).unwrap();
+}
+
+#[test]
+fn a_hard_link_to_another_file_is_never_initialized() {
+    let dir = std::env::temp_dir().join(format!("vgpu-hardlink-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let elsewhere = dir.join("some-empty-config");
+    let path = dir.join("cudevshr.cache");
+    write_file(&elsewhere, b"");
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&elsewhere, &path).unwrap();
+    let e = Region::open(&path, &init_with(Some(GIB), None)).err().expect("initialized a hard-linked file");
+    assert!(e.to_string().contains("link"), "{e}");
+    let m = std::fs::metadata(&elsewhere).unwrap();
+    assert_eq!((m.len(), m.permissions().mode() & 0o777), (0, 0o600));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,25 +1,62 @@
 //! shrreg-tool: inspect and steer a libvgpu shared region (HAMi-compatible interface).
 //!
-//! Region path: `--file PATH`, else `CUDA_DEVICE_MEMORY_SHARED_CACHE`, else /tmp/cudevshr.cache.
-//! Actions run in the order given; the first failure stops with a one-line error and exit 1
-//! (usage errors exit 2).
+//! Actions run in the order given, after every value has been checked: an invalid value, or a
+//! device index the region does not have, changes nothing and fails with one line (exit 1;
+//! command-line errors exit 2).
 
+use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
 use std::process::ExitCode;
 use vgpu_core::config::Config;
-use vgpu_core::region::{Region, RegionInit, HAMI_MAJOR, HAMI_MINOR, EXT_VERSION};
+use vgpu_core::region::{Region, RegionInit, EXT_VERSION, HAMI_MAJOR, HAMI_MINOR};
 use vgpu_core::size::{format_size, parse_size, SizeSpec};
 use vgpu_core::MAX_DEVICES;
-use vgpu_tools::{open_for_read, region_path, render_print, view};
+use vgpu_tools::{emit, parse_args, open_for_read, region_path, render_print, view};
 
-const USAGE: &str = "usage: shrreg-tool [--file PATH] ACTION...
-actions:
-  --create_new              create or reinitialize the region from the environment (refused while in use)
-  --print                   show devices, limits, per-process usage and suspend state
-  --version                 show tool and region layout versions
-  --suspend | --resume      pause / resume kernel launches of the container
-  --set-sm-limit DEV PCT    set the SM cap of device DEV (0 or 100 = no cap)
-  --set-mem-limit DEV SIZE  set the memory cap of device DEV (e.g. 4g, 3000m, 50%; 0 = no cap);
-                            lowering it below current use refuses new allocations, frees nothing";
+fn cli() -> Command {
+    Command::new("shrreg-tool")
+        .about("Inspect and steer a container's libvgpu shared region (HAMi v1 layout + libvgpu extension)")
+        .disable_version_flag(true)
+        .after_help(concat!(
+            "Region file: --file PATH, else $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache.\n",
+            "Changes reach running processes within about 100 ms. Actions run in the order given, after every\n",
+            "value was checked; an invalid value or a device index the region does not have changes nothing.\n",
+            "Exit status: 0 done, 1 invalid value or region problem (one line on stderr), 2 command-line error."
+        ))
+        .arg(Arg::new("file").long("file").short('f').value_name("PATH").help("Region file (default: see below)"))
+        .arg(flag("create_new", "create_new", "Create or reinitialize the region from the environment (refused while in use)").visible_alias("create-new"))
+        .arg(flag("print", "print", "Show devices, limits, live processes' usage and the suspend state").short('p'))
+        .arg(flag("version", "version", "Show the tool and region layout versions").short('v'))
+        .arg(flag("suspend", "suspend", "Pause kernel launches of the container (until --resume)").conflicts_with("resume"))
+        .arg(flag("resume", "resume", "Resume kernel launches"))
+        .arg(
+            Arg::new("set_sm_limit")
+                .long("set-sm-limit")
+                .num_args(2)
+                .value_names(["DEV", "PCT"])
+                .allow_hyphen_values(true)
+                .action(ArgAction::Append)
+                .help("Set the SM cap of device DEV: an integer 0..=100 (0 or 100 = no cap)"),
+        )
+        .arg(
+            Arg::new("set_mem_limit")
+                .long("set-mem-limit")
+                .num_args(2)
+                .value_names(["DEV", "SIZE"])
+                .allow_hyphen_values(true)
+                .action(ArgAction::Append)
+                .help("Set the memory cap of device DEV: bytes, or k/m/g/t (powers of 1024), or N% of the device; a literal 0 = no cap. Below current use: new allocations are refused, nothing is freed"),
+        )
+        .group(
+            ArgGroup::new("action")
+                .args(["create_new", "print", "version", "suspend", "resume", "set_sm_limit", "set_mem_limit"])
+                .required(true)
+                .multiple(true),
+        )
+}
+
+fn flag(id: &'static str, long: &'static str, help: &'static str) -> Arg {
+    Arg::new(id).long(long).action(ArgAction::SetTrue).help(help)
+}
 
 enum Action {
     CreateNew,
@@ -30,43 +67,69 @@ enum Action {
     SetMem(String, String),
 }
 
-fn parse_args(args: &[String]) -> Result<(Option<String>, Vec<Action>), String> {
-    let mut file = None;
-    let mut actions = Vec::new();
-    let mut it = args.iter();
-    let need = |it: &mut std::slice::Iter<'_, String>, flag: &str, what: &str| {
-        it.next().cloned().ok_or_else(|| format!("{flag} needs {what}"))
+/// The actions in command-line order.
+fn actions(m: &ArgMatches) -> Vec<Action> {
+    let mut out: Vec<(usize, Action)> = Vec::new();
+    let mut simple = |id: &str, a: fn() -> Action| {
+        if m.get_flag(id) {
+            if let Some(i) = m.index_of(id) {
+                out.push((i, a()));
+            }
+        }
     };
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--file" | "-f" => file = Some(need(&mut it, a, "a path")?),
-            "--create_new" | "--create-new" => actions.push(Action::CreateNew),
-            "--print" | "-p" => actions.push(Action::Print),
-            "--version" | "-v" => actions.push(Action::Version),
-            "--suspend" => actions.push(Action::Suspend(true)),
-            "--resume" => actions.push(Action::Suspend(false)),
-            "--set-sm-limit" => {
-                let d = need(&mut it, a, "DEV PCT")?;
-                actions.push(Action::SetSm(d, need(&mut it, a, "DEV PCT")?));
-            }
-            "--set-mem-limit" => {
-                let d = need(&mut it, a, "DEV SIZE")?;
-                actions.push(Action::SetMem(d, need(&mut it, a, "DEV SIZE")?));
-            }
-            "--help" | "-h" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+    simple("create_new", || Action::CreateNew);
+    simple("print", || Action::Print);
+    simple("version", || Action::Version);
+    simple("suspend", || Action::Suspend(true));
+    simple("resume", || Action::Suspend(false));
+    for (id, make) in [("set_sm_limit", Action::SetSm as fn(String, String) -> Action), ("set_mem_limit", Action::SetMem)] {
+        let (Some(vals), Some(idx)) = (m.get_many::<String>(id), m.indices_of(id)) else { continue };
+        let vals: Vec<&String> = vals.collect();
+        let idx: Vec<usize> = idx.collect();
+        for (pair, at) in vals.chunks(2).zip(idx.chunks(2)) {
+            out.push((at[0], make(pair[0].clone(), pair[1].clone())));
         }
     }
-    if actions.is_empty() {
-        return Err("no action given".into());
-    }
-    Ok((file, actions))
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, a)| a).collect()
 }
 
-fn parse_dev(s: &str) -> Result<usize, String> {
+/// A device index the region has.
+fn parse_dev(s: &str, r: &Region) -> Result<usize, String> {
+    let n = r.device_num();
     match s.trim().parse::<usize>() {
-        Ok(d) if d < MAX_DEVICES => Ok(d),
-        _ => Err(format!("invalid device index {s:?} (expected 0..{})", MAX_DEVICES - 1)),
+        Ok(d) if d < n => Ok(d),
+        Ok(d) if n == 0 => Err(format!("device {d}: the region records no devices")),
+        Ok(d) => Err(format!("device {d}: the region has {n} device(s) (0..{})", n - 1)),
+        Err(_) => Err(format!("invalid device index {s:?} (a non-negative integer)")),
+    }
+}
+
+fn parse_sm(p: &str) -> Result<Option<u32>, String> {
+    match p.trim().parse::<u32>() {
+        Ok(v) if v <= 100 => Ok((v != 0 && v != 100).then_some(v)),
+        _ => Err(format!("invalid SM limit {p:?} (an integer 0..=100)")),
+    }
+}
+
+fn is_literal_zero(s: &str) -> bool {
+    let digits: Vec<char> = s.trim().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    digits.iter().any(|c| c.is_ascii_digit()) && digits.iter().all(|c| *c == '0' || *c == '.')
+}
+
+/// A memory cap for device `dev`: `None` = no cap (a literal zero only).
+fn parse_mem(s: &str, dev: usize, r: &Region) -> Result<Option<u64>, String> {
+    match parse_size(s).map_err(|e| e.to_string())? {
+        SizeSpec::Bytes(0) if is_literal_zero(s) => Ok(None),
+        SizeSpec::Bytes(0) => Err(format!("memory limit {s:?} rounds down to 0 bytes (a literal 0 means no cap)")),
+        SizeSpec::Bytes(b) => Ok(Some(b)),
+        spec @ SizeSpec::Percent(_) => match r.physical_total(dev) {
+            0 => Err(format!("device {dev}: physical size unknown, cannot use {s:?}")),
+            phys => match spec.resolve(phys) {
+                0 => Err(format!("memory limit {s:?} of device {dev} rounds down to 0 bytes")),
+                b => Ok(Some(b)),
+            },
+        },
     }
 }
 
@@ -75,32 +138,86 @@ fn init_from_env() -> RegionInit {
     for p in &cfg.problems {
         eprintln!("shrreg-tool: warning: {p}");
     }
-    // Devices: the UUID list when given, else up to the highest device with a per-device limit.
+    // Devices: the UUID list when given, else up to the highest per-device variable (`_<i>`),
+    // else one. A global cap alone must not invent 16 devices.
     let mut n = cfg.devices_uuid.len();
-    for d in 0..MAX_DEVICES {
-        if cfg.mem_limit(d, 0).is_some() || cfg.sm_limit(d).is_some() {
-            n = n.max(d + 1);
+    if n == 0 {
+        n = 1;
+        for (k, _) in std::env::vars() {
+            let families = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_MEM_LIMIT_", "CUDA_DEVICE_SM_LIMIT_", "CUDA_CORE_LIMIT_"];
+            if let Some(i) = families.iter().find_map(|f| k.strip_prefix(f)).and_then(|i| i.parse::<usize>().ok()) {
+                if i < MAX_DEVICES {
+                    n = n.max(i + 1);
+                }
+            }
         }
     }
     let physical = vec![0u64; n.min(MAX_DEVICES)];
     RegionInit::from_config(&cfg, &physical, &cfg.devices_uuid)
 }
 
-fn run(file: Option<String>, actions: Vec<Action>) -> Result<(), String> {
-    let path = region_path(file.as_deref());
-    let mut region: Option<Region> = None;
-    // Mutating actions need the live file (read-write).
-    let writable = |region: &mut Option<Region>| -> Result<(), String> {
-        if region.as_ref().is_none_or(|r| r.is_private()) {
-            *region = Some(Region::open_existing(&path).map_err(|e| e.to_string())?);
+/// A checked change.
+enum Change {
+    Suspend(bool),
+    Sm(usize, Option<u32>),
+    Mem(usize, Option<u64>),
+}
+
+fn apply(r: &Region, c: &Change) -> Result<String, String> {
+    Ok(match *c {
+        Change::Suspend(on) => {
+            r.set_suspended(on);
+            (if on { "suspended" } else { "resumed" }).to_string()
         }
-        Ok(())
-    };
-    for a in actions {
+        Change::Sm(dev, cap) => {
+            r.set_sm_limit(dev, cap).map_err(|e| e.to_string())?;
+            format!("device {dev}: sm limit {}", cap.map_or("none".into(), |c| format!("{c}%")))
+        }
+        Change::Mem(dev, limit) => {
+            r.set_limit(dev, limit).map_err(|e| e.to_string())?;
+            let used = r.device_used(dev);
+            match limit {
+                Some(l) if used > l => format!(
+                    "device {dev}: memory limit {} (below current use {}: new allocations are refused)",
+                    format_size(l),
+                    format_size(used)
+                ),
+                Some(l) => format!("device {dev}: memory limit {}", format_size(l)),
+                None => format!("device {dev}: memory limit none"),
+            }
+        }
+    })
+}
+
+fn run(file: Option<&String>, actions: Vec<Action>) -> Result<(), String> {
+    let path = region_path(file.map(String::as_str));
+    let mutates = actions.iter().any(|a| matches!(a, Action::Suspend(_) | Action::SetSm(..) | Action::SetMem(..)));
+    let creates = actions.iter().any(|a| matches!(a, Action::CreateNew));
+    // Check every value against the region first (mutations need the live file, read-write).
+    let live = if mutates && !creates { Some(Region::open_existing(&path).map_err(|e| e.to_string())?) } else { None };
+    let mut checked = Vec::new();
+    if let Some(r) = &live {
+        for a in &actions {
+            checked.push(match a {
+                Action::Suspend(on) => Some(Change::Suspend(*on)),
+                Action::SetSm(d, p) => {
+                    let dev = parse_dev(d, r)?;
+                    Some(Change::Sm(dev, parse_sm(p)?))
+                }
+                Action::SetMem(d, s) => {
+                    let dev = parse_dev(d, r)?;
+                    Some(Change::Mem(dev, parse_mem(s, dev, r)?))
+                }
+                _ => None,
+            });
+        }
+    }
+    let mut region = live;
+    for (i, a) in actions.iter().enumerate() {
         match a {
             Action::CreateNew => {
                 let r = Region::create_new(&path, &init_from_env()).map_err(|e| e.to_string())?;
-                println!("created {}", path.display());
+                emit(&format!("created {}\n", path.display()));
                 region = Some(r);
             }
             Action::Print => {
@@ -108,67 +225,38 @@ fn run(file: Option<String>, actions: Vec<Action>) -> Result<(), String> {
                     region = Some(open_for_read(&path).map_err(|e| e.to_string())?);
                 }
                 if let Some(r) = &region {
-                    print!("{}", render_print(&view(r)));
+                    emit(&render_print(&view(r)));
                 }
             }
             Action::Version => {
-                println!(
-                    "shrreg-tool {} (region layout {HAMI_MAJOR}.{HAMI_MINOR}, libvgpu extension {EXT_VERSION})",
+                emit(&format!(
+                    "shrreg-tool {} (region layout {HAMI_MAJOR}.{HAMI_MINOR}, libvgpu extension {EXT_VERSION})\n",
                     env!("CARGO_PKG_VERSION")
-                );
+                ));
                 if let Ok(r) = open_for_read(&path) {
                     let v = view(&r);
-                    println!("region {}: layout {}.{}", path.display(), v.major, v.minor);
+                    emit(&format!("region {}: layout {}.{}\n", path.display(), v.major, v.minor));
                 }
             }
-            Action::Suspend(on) => {
-                writable(&mut region)?;
-                if let Some(r) = &region {
-                    r.set_suspended(on);
-                    println!("{}", if on { "suspended" } else { "resumed" });
-                }
-            }
-            Action::SetSm(d, p) => {
-                let dev = parse_dev(&d)?;
-                let pct = match p.trim().parse::<u32>() {
-                    Ok(v) if v <= 100 => v,
-                    _ => return Err(format!("invalid SM limit {p:?} (expected an integer 0..=100)")),
-                };
-                writable(&mut region)?;
-                if let Some(r) = &region {
-                    let cap = (pct != 0 && pct != 100).then_some(pct);
-                    r.set_sm_limit(dev, cap).map_err(|e| e.to_string())?;
-                    println!("device {dev}: sm limit {}", cap.map_or("none".into(), |c| format!("{c}%")));
-                }
-            }
-            Action::SetMem(d, s) => {
-                let dev = parse_dev(&d)?;
-                let spec = parse_size(&s).map_err(|e| e.to_string())?;
-                writable(&mut region)?;
-                if let Some(r) = &region {
-                    let limit = match spec {
-                        SizeSpec::Bytes(0) => None,
-                        SizeSpec::Bytes(b) => Some(b),
-                        SizeSpec::Percent(_) => {
-                            let phys = r.physical_total(dev);
-                            if phys == 0 {
-                                return Err(format!("device {dev}: physical size unknown, cannot use {s:?}"));
+            Action::Suspend(_) | Action::SetSm(..) | Action::SetMem(..) => {
+                let Some(r) = &region else { return Err("no region".into()) };
+                let change = match checked.get(i) {
+                    Some(Some(c)) => apply(r, c)?,
+                    // after --create_new in the same call: check now, against the new region
+                    _ => {
+                        let c = match a {
+                            Action::Suspend(on) => Change::Suspend(*on),
+                            Action::SetSm(d, p) => Change::Sm(parse_dev(d, r)?, parse_sm(p)?),
+                            Action::SetMem(d, s) => {
+                                let dev = parse_dev(d, r)?;
+                                Change::Mem(dev, parse_mem(s, dev, r)?)
                             }
-                            Some(spec.resolve(phys))
-                        }
-                    };
-                    r.set_limit(dev, limit).map_err(|e| e.to_string())?;
-                    let used = r.device_used(dev);
-                    match limit {
-                        Some(l) if used > l => println!(
-                            "device {dev}: memory limit {} (below current use {}: new allocations are refused)",
-                            format_size(l),
-                            format_size(used)
-                        ),
-                        Some(l) => println!("device {dev}: memory limit {}", format_size(l)),
-                        None => println!("device {dev}: memory limit none"),
+                            _ => unreachable!(),
+                        };
+                        apply(r, &c)?
                     }
-                }
+                };
+                emit(&format!("{change}\n"));
             }
         }
     }
@@ -176,19 +264,8 @@ fn run(file: Option<String>, actions: Vec<Action>) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (file, actions) = match parse_args(&args) {
-        Ok(v) => v,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("shrreg-tool: error: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(file, actions) {
+    let m = parse_args(cli());
+    match run(m.get_one::<String>("file"), actions(&m)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("shrreg-tool: error: {e}");
