@@ -199,7 +199,10 @@ pub fn stream_capturing(stream: CUstream) -> bool {
 /// A 64-bit attribute of a memory pool.
 pub fn pool_attr(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
     let mut v: u64 = 0;
-    let r = call!(cuMemPoolGetAttribute, fn(CUmemoryPool, c_int, *mut c_void) -> CUresult, pool, attr, &mut v as *mut u64 as *mut c_void)?;
+    // Relaxed: a free may come from inside the caller's stream capture.
+    let r = with_relaxed_capture(|| {
+        call!(cuMemPoolGetAttribute, fn(CUmemoryPool, c_int, *mut c_void) -> CUresult, pool, attr, &mut v as *mut u64 as *mut c_void)
+    })?;
     (r == CUDA_SUCCESS).then_some(v)
 }
 
@@ -403,6 +406,11 @@ mod tests {
 /// list); `None` when NVML cannot say or `pid` is not listed (e.g. a container PID namespace:
 /// NVML lists host PIDs).
 pub fn nvml_process_used(h: nvmlDevice_t, pid: u32) -> Option<u64> {
+    nvml_compute_processes(h)?.iter().find(|p| p.pid == pid).map(|p| p.used_gpu_memory)
+}
+
+/// The compute processes host NVML lists on a device (every tenant's), `None` when it cannot say.
+pub fn nvml_compute_processes(h: nvmlDevice_t) -> Option<Vec<nvmlProcessInfo_t>> {
     let f: sig::nvmlDeviceGetComputeRunningProcesses_v3 =
         unsafe { std::mem::transmute(hooked::nvmlDeviceGetComputeRunningProcesses_v3.get()?) };
     let mut cap = 64usize;
@@ -413,7 +421,8 @@ pub fn nvml_process_used(h: nvmlDevice_t, pid: u32) -> Option<u64> {
         let r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
         match r {
             NVML_SUCCESS => {
-                return buf.iter().take(n as usize).find(|p| p.pid == pid).map(|p| p.used_gpu_memory);
+                buf.truncate(n as usize);
+                return Some(buf);
             }
             NVML_ERROR_INSUFFICIENT_SIZE => cap = (n as usize).max(cap * 2),
             _ => return None,

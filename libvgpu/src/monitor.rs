@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
 
 use vgpu_core::config::UtilPolicy;
+use vgpu_core::limiter::tenants::{Reading, TenantSignal};
 use vgpu_core::limiter::CapPercent;
 use vgpu_core::MAX_DEVICES;
 
@@ -26,9 +27,6 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 /// No other tenant is using device d (NVML busier than our own occupancy by less than
 /// `IDLE_OTHERS_PCT`): the soft cap may apply.
 static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// Points of device utilization beyond our own occupancy that mean another tenant is active.
-const CONTENDED_OTHERS_PCT: i64 = 10;
-const IDLE_OTHERS_PCT: i64 = 5;
 
 /// Start the monitor thread once per process (call again after fork in the child: threads do
 /// not survive fork, so the child's flag is reset by `after_fork_child`).
@@ -119,43 +117,25 @@ fn run(rt: &'static Runtime) {
     }
 }
 
-/// Hysteresis on the other-tenant signal: NVML's sampling window and ours differ, so one
-/// reading can be off; a state changes only after `TENANT_CONFIRM` consecutive readings agree.
-#[derive(Clone, Copy, Default)]
-struct TenantSignal {
-    contended_run: u8,
-    calm_run: u8,
-    idle_run: u8,
-    busy_run: u8,
-}
-const TENANT_CONFIRM: u8 = 3;
-
-/// Compare the device's utilization (every tenant, from NVML) with our container's own
-/// occupancy: the difference is other tenants' work. Without NVML nothing is flagged.
+/// Compare the device's utilization (every tenant, from NVML) with our container's own, with
+/// NVML's process list telling whether anyone else is there (`limiter::tenants`). Without NVML
+/// nothing is flagged.
 fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: &mut TenantSignal) {
     if handle.is_none() {
         let Some(info) = ps.devices.get(dev) else { return };
         *handle = crate::driver::nvml_handle_by_uuid(&info.uuid).map(|h| h as usize);
     }
     let Some(h) = *handle else { return };
-    let Some(gpu) = crate::driver::nvml_gpu_util(h as crate::ffi::nvmlDevice_t) else { return };
-    let own = (ps.region.limiter(dev).util_centi_percent.load(Relaxed) / 100) as i64;
-    let others = gpu as i64 - own;
-    let bump = |run: &mut u8, hit: bool| *run = if hit { run.saturating_add(1) } else { 0 };
-    bump(&mut sig.contended_run, others >= CONTENDED_OTHERS_PCT);
-    bump(&mut sig.calm_run, others < CONTENDED_OTHERS_PCT);
-    bump(&mut sig.idle_run, others < IDLE_OTHERS_PCT);
-    bump(&mut sig.busy_run, others >= IDLE_OTHERS_PCT);
-    if sig.contended_run >= TENANT_CONFIRM {
-        CONTENDED[dev].store(true, Relaxed);
-    } else if sig.calm_run >= TENANT_CONFIRM {
-        CONTENDED[dev].store(false, Relaxed);
-    }
-    if sig.idle_run >= TENANT_CONFIRM {
-        OTHERS_IDLE[dev].store(true, Relaxed);
-    } else if sig.busy_run >= TENANT_CONFIRM {
-        OTHERS_IDLE[dev].store(false, Relaxed);
-    }
+    let h = h as crate::ffi::nvmlDevice_t;
+    let Some(gpu) = crate::driver::nvml_gpu_util(h) else { return };
+    sig.update(Reading {
+        device_util: gpu,
+        own_util: (ps.region.limiter(dev).util_centi_percent.load(Relaxed) / 100) as u32,
+        device_processes: crate::driver::nvml_compute_processes(h).map(|p| p.len()),
+        own_processes: ps.region.live_slots().count(),
+    });
+    CONTENDED[dev].store(sig.contended, Relaxed);
+    OTHERS_IDLE[dev].store(sig.others_idle, Relaxed);
 }
 
 /// Utilization without a cap: NVML's per-process samples when our host PID is known (shared PID

@@ -264,11 +264,14 @@ unsafe fn pool_alloc(ps: &ProcState, dev: usize, pool: CUmemoryPool, stream: CUs
 
 pub unsafe fn mem_alloc_async(rt: &'static Runtime, real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
     let Some(ps) = rt.proc() else { return real(dptr, bytesize, stream) };
-    let Some(cudev) = driver::stream_device(stream, |c| known_context_device(ps, c)) else {
-        return real(dptr, bytesize, stream);
-    };
+    // Our queries must not invalidate a global-mode capture the caller is running (on an H100 the
+    // capture of a cuMemAllocAsync failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+    let found = driver::with_relaxed_capture(|| {
+        let cudev = driver::stream_device(stream, |c| known_context_device(ps, c))?;
+        Some((cudev, driver::device_mem_pool(cudev)?))
+    });
+    let Some((cudev, pool)) = found else { return real(dptr, bytesize, stream) };
     let Some(dev) = dev_index(ps, cudev) else { return real(dptr, bytesize, stream) };
-    let Some(pool) = driver::device_mem_pool(cudev) else { return real(dptr, bytesize, stream) };
     if dptr.is_null() {
         return real(dptr, bytesize, stream);
     }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
 pub mod busy;
 pub mod meter;
+pub mod tenants;
 
 pub use busy::BusyMap;
 pub use meter::{hold, EventState, Events, Meter, Step, StreamKey};
