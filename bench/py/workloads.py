@@ -30,38 +30,33 @@ def matmul():
     return step
 
 
-def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-    model = GPT2LMHeadModel(GPT2Config()).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randint(0, 50257, (8, 512), device="cuda")
-
+def training(loss_fn, opt):
+    """One training step: bf16 autocast forward, backward, optimizer, loss read back (as a
+    training loop logs it)."""
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x, labels=x).loss
+            loss = loss_fn()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
     return step
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    x = torch.randint(0, 50257, (8, 512), device="cuda")
+    return training(lambda: model(x, labels=x).loss, torch.optim.AdamW(model.parameters(), lr=1e-4))
 
 
 def resnet():
     import torchvision
     model = torchvision.models.resnet50().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(64, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (64,), device="cuda")
     lossf = torch.nn.CrossEntropyLoss()
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = lossf(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
-    return step
+    return training(lambda: lossf(model(x), y), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
 
 def graph():
@@ -88,17 +83,8 @@ def graph():
 def compiled():
     layer = torch.nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True).cuda()
     model = torch.compile(layer)
-    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
     x = torch.randn(16, 512, 1024, device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x).float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
-    return step
+    return training(lambda: model(x).float().pow(2).mean(), torch.optim.AdamW(layer.parameters(), lr=1e-4))
 
 
 KINDS = dict(matmul=matmul, gpt2=gpt2, resnet=resnet, graph=graph, compile=compiled)

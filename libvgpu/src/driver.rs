@@ -392,15 +392,6 @@ pub fn nvml_index(h: nvmlDevice_t) -> Option<u32> {
     (r == NVML_SUCCESS).then_some(i)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn uuid_format() {
-        let u = CUuuid { bytes: [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8] };
-        assert_eq!(uuid_string(&u), "GPU-12345678-9abc-def0-0102-030405060708");
-    }
-}
 
 /// Device memory NVML attributes to process `pid` on device `h` (from the real compute process
 /// list); `None` when NVML cannot say or `pid` is not listed (e.g. a container PID namespace:
@@ -429,4 +420,14 @@ pub fn nvml_compute_processes(h: nvmlDevice_t) -> Option<Vec<nvmlProcessInfo_t>>
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn uuid_format() {
+        let u = CUuuid { bytes: [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8] };
+        assert_eq!(uuid_string(&u), "GPU-12345678-9abc-def0-0102-030405060708");
+    }
 }

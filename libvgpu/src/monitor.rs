@@ -75,7 +75,7 @@ fn run(rt: &'static Runtime) {
         let Some(ps) = rt.proc_if_ready() else { continue };
         region_upkeep(ps, tick);
         refresh_gate(rt, ps);
-        if tick % PUBLISH_EVERY != 0 {
+        if !tick.is_multiple_of(PUBLISH_EVERY) {
             continue;
         }
         let now = vgpu_core::clock::now_ns();

@@ -455,7 +455,7 @@ impl Proc {
 
     pub fn reserve(&mut self, size: u64, align: u64) -> R<u64> {
         let align = if align == 0 { MIB2 } else { align };
-        if size == 0 || size % MIB2 != 0 || !align.is_power_of_two() {
+        if size == 0 || !size.is_multiple_of(MIB2) || !align.is_power_of_two() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let start = round_up(self.next_reserve, align.max(MIB2));
@@ -469,7 +469,7 @@ impl Proc {
     }
 
     pub fn create_phys(&mut self, st: &GpuState, d: usize, size: u64) -> R<u64> {
-        if size == 0 || size % MIB2 != 0 {
+        if size == 0 || !size.is_multiple_of(MIB2) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if !st.try_charge(d, size) {
@@ -512,6 +512,7 @@ impl Proc {
     }
 
     /// Validate a launch and price it (per-wave cost and block count).
+    #[allow(clippy::too_many_arguments)] // the launch's own parameters
     pub unsafe fn price(
         &self,
         st: &GpuState,

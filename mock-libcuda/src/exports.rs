@@ -129,7 +129,7 @@ fn async_copy(stream: Handle, check: impl FnOnce(&Proc) -> R<()>) -> CUresult {
 
 unsafe fn memset(dst: CUdeviceptr, elem: u64, n: usize, stream: Option<Handle>) -> CUresult {
     let check = |p: &Proc| {
-        if dst % elem != 0 {
+        if !dst.is_multiple_of(elem) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if n == 0 {

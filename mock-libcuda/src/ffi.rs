@@ -186,7 +186,7 @@ pub fn format_bytes(f: u32) -> u64 {
 /// cuDeviceGetAttribute values of the simulated device (H100-like); `None` = not a known attribute.
 pub fn device_attribute(attr: i32, sms: u32, clock_khz: u32, cc: (u32, u32), pci_bus: u32) -> Option<i32> {
     Some(match attr {
-        1 | 2 | 3 => 1024,
+        1..=3 => 1024,
         4 => 64,
         5 => i32::MAX,
         6 | 7 => 65535,

@@ -72,7 +72,7 @@ pub fn calibrate() {
             Some((pt, pm)) if t > pt && m > pm + 1_000_000 => {
                 let q = (((m - pm) as u128) << 32) / (t - pt) as u128;
                 // Plausible TSC rates: 0.2 to 10 GHz.
-                if (1u128 << 32) / 10 <= q && q <= (5u128 << 32) { q as u64 } else { 0 }
+                if ((1u128 << 32) / 10..=(5u128 << 32)).contains(&q) { q as u64 } else { 0 }
             }
             Some(_) => return, // too soon to measure a rate
             None => 0,

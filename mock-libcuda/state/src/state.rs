@@ -278,6 +278,7 @@ impl GpuState {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o666)
             .open(path)
             .map_err(|e| format!("cannot open mock GPU state {}: {e}", path.display()))?;
@@ -762,11 +763,13 @@ mod tests {
     fn tmp_state(tag: &str) -> (PathBuf, Config) {
         let p = std::env::temp_dir().join(format!("mock-gpu-unit-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_file(&p);
-        let mut c = Config::default();
-        c.devices = vec![
-            DeviceConfig { name: "A".into(), total_mem: 1 << 30, sms: 4 },
-            DeviceConfig { name: "B".into(), total_mem: 2 << 30, sms: 8 },
-        ];
+        let c = Config {
+            devices: vec![
+                DeviceConfig { name: "A".into(), total_mem: 1 << 30, sms: 4 },
+                DeviceConfig { name: "B".into(), total_mem: 2 << 30, sms: 8 },
+            ],
+            ..Config::default()
+        };
         (p, c)
     }
 

@@ -174,7 +174,7 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
                 p.meter.launched(key, start_ev, Some(ev), after, &mut p.evs);
                 th.launches += 1;
                 let now = w.borrow().now + th.pat.cpu_ns;
-                if th.pat.sync_every > 0 && th.launches % th.pat.sync_every == 0 {
+                if th.pat.sync_every > 0 && th.launches.is_multiple_of(th.pat.sync_every) {
                     // Blocks until every stream of this thread is done.
                     let g = w.borrow();
                     let done = (0..th.pat.streams).map(|s| *g.stream_end.get(&(th.base + s)).unwrap_or(&0)).max().unwrap();
