@@ -16,6 +16,9 @@
  *                      all threads), per-thread (CU_STREAM_PER_THREAD)
  *   --seconds S        run time (default 5)
  *   --gap-us US        host busy-wait after each launch (and its synchronize): CPU time between kernels
+ *   --op OP            what each launch is: kernel (default), memset (cuMemsetD32Async of
+ *                      --bytes) or copy (cuMemcpyDtoDAsync_v2 of --bytes): NVML counts all three
+ *   --bytes N          size of a memset or copy (default 64m)
  *   --progress         print `progress t=<CLOCK_MONOTONIC s> n=<GPU ms launched>` every 250 ms
  *
  * Output: the configuration, then at the end total_kernels= gpu_ms= (sum of kernel lengths)
@@ -39,10 +42,13 @@ static double us = 1000.0, us_max = 0.0;
 static const char *sync_by = "stream", *stream_kind = "nonblocking";
 static int progress = 0;
 static double gap_us = 0.0;
+static const char *op = "kernel";
+static uint64_t op_bytes = 64 * MIB;
 static uint64_t t_start, t_stop;
 
 struct worker {
     int id;
+    CUdeviceptr a, b;
     CUstream s[MAX_STREAMS];
     CUevent ev;
     uint64_t launches, gpu_ns, rng;
@@ -91,6 +97,11 @@ static void *run(void *arg)
             CHECK(cuStreamCreate(&w->s[i], CU_STREAM_NON_BLOCKING));
     }
     CHECK(cuEventCreate(&w->ev, 0x2 /* CU_EVENT_DISABLE_TIMING */));
+    int is_memset = strcmp(op, "memset") == 0, is_copy = strcmp(op, "copy") == 0;
+    if (is_memset || is_copy) {
+        CHECK(cuMemAlloc_v2(&w->a, op_bytes));
+        CHECK(cuMemAlloc_v2(&w->b, op_bytes));
+    }
     unsigned int nb = blocks > 0 ? (unsigned int)blocks : (unsigned int)(g.sms > 0 ? g.sms : 1) * SPIN_BLOCKS_PER_SM;
     uint64_t since[MAX_STREAMS] = {0};
     while (!stop_requested && now_ns() < t_stop) {
@@ -98,7 +109,12 @@ static void *run(void *arg)
         double len = next_us(w);
         uint64_t cycles = spin_cycles(&g, len);
         void *args[] = {&cycles};
-        CHECK(cuLaunchKernel(k.spin, nb, 1, 1, SPIN_THREADS, 1, 1, 0, w->s[i], args, NULL));
+        if (is_memset)
+            CHECK(cuMemsetD32Async(w->a, 0, op_bytes / 4, w->s[i]));
+        else if (is_copy)
+            CHECK(cuMemcpyDtoDAsync_v2(w->a, w->b, op_bytes, w->s[i]));
+        else
+            CHECK(cuLaunchKernel(k.spin, nb, 1, 1, SPIN_THREADS, 1, 1, 0, w->s[i], args, NULL));
         w->launches++;
         __atomic_store_n(&w->gpu_ns, w->gpu_ns + (uint64_t)(len * 1000.0), __ATOMIC_RELAXED);
         if (sync_every > 0 && ++since[i] >= (uint64_t)sync_every) {
@@ -113,6 +129,10 @@ static void *run(void *arg)
     }
     for (int i = 0; i < streams; i++)
         sync_stream(w, w->s[i]);
+    if (w->a) {
+        CHECK(cuMemFree_v2(w->a));
+        CHECK(cuMemFree_v2(w->b));
+    }
     return NULL;
 }
 
@@ -130,6 +150,8 @@ int main(int argc, char **argv)
         {"--seconds", OPT_INT, &seconds, "run time in seconds (default 5)"},
         {"--progress", OPT_FLAG, &progress, "print launched GPU ms every 250 ms"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "host busy-wait after each launch (CPU time between kernels)"},
+        {"--op", OPT_STR, &op, "kernel | memset | copy"},
+        {"--bytes", OPT_SIZE, &op_bytes, "size of a memset or copy (default 64m)"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Launch the spin kernel from threads and streams; print the throughput.");

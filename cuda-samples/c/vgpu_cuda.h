@@ -248,6 +248,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream)) \
     X(CUresult, cuEventSynchronize, (CUevent hEvent)) \
     X(CUresult, cuEventDestroy_v2, (CUevent hEvent)) \
+    X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
     X(CUresult, cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)) \
     X(CUresult, cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
     X(CUresult, cuModuleUnload, (CUmodule hmod)) \

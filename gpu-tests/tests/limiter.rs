@@ -263,3 +263,14 @@ fn synchronizing_by_polling_or_events_changes_nothing() {
         assert!((share - 0.30).abs() <= 0.05, "sync by {how}: {share:.3} of the throughput under a 30% cap\n{out}");
     }
 }
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn memsets_and_copies_count_against_the_cap() {
+    // NVML counts memsets and copies as busy (an H100 reads 98-100% for a loop of them with no
+    // kernel at all), so the cap does too: before they were gated, such a loop ran uncapped.
+    for op in ["memset", "copy"] {
+        let (share, out) = streams_share(&["--op", op, "--sync-every", "0"], 4);
+        assert!((share - 0.30).abs() <= 0.05, "{op} loop under a 30% cap got {share:.3} of its throughput\n{out}");
+    }
+}

@@ -111,19 +111,43 @@ unsafe fn host_alloc(pp: *mut *mut c_void, size: usize) -> CUresult {
 }
 
 /// Synchronous copies and sets order after all earlier work of the context (legacy stream).
-fn sync_copy(check: impl FnOnce(&Proc) -> R<()>) -> CUresult {
+/// Bytes a copy or memset moves per nanosecond (100 GB/s). Copies and memsets take device time
+/// like kernels, and NVML counts it (on an H100 a loop of memsets or copies, no kernel at all,
+/// reads 98-100% utilization).
+const COPY_BYTES_PER_NS: u64 = 100;
+
+fn copy_node(bytes: u64) -> Node {
+    Node { blocks: 1, wave_ns: (bytes / COPY_BYTES_PER_NS).max(1_000), threads: 1 }
+}
+
+/// A synchronous copy or memset: queued on the legacy stream, returns when the context is idle.
+fn sync_copy(bytes: u64, check: impl Fn(&Proc) -> R<()>) -> CUresult {
+    let r = run_steps(|p, st| {
+        p.cur()?;
+        check(p)?;
+        if bytes == 0 {
+            return Ok(Step::Done);
+        }
+        p.submit(st, 0, &[copy_node(bytes)])
+    });
+    if r != CUDA_SUCCESS {
+        return r;
+    }
     sync_until(|p| {
         let (c, _) = p.cur()?;
-        check(p)?;
         Ok(p.ctx_idle_at(c))
     })
 }
 
-fn async_copy(stream: Handle, check: impl FnOnce(&Proc) -> R<()>) -> CUresult {
-    run(|p, _| {
+fn async_copy(stream: Handle, bytes: u64, check: impl Fn(&Proc) -> R<()>) -> CUresult {
+    run_steps(|p, st| {
         p.cur()?;
         p.stream_mut(stream as u64)?;
-        check(p)
+        check(p)?;
+        if bytes == 0 {
+            return Ok(Step::Done);
+        }
+        p.submit(st, stream as u64, &[copy_node(bytes)])
     })
 }
 
@@ -137,12 +161,10 @@ unsafe fn memset(dst: CUdeviceptr, elem: u64, n: usize, stream: Option<Handle>) 
         }
         p.check_range(dst, elem * n as u64)
     };
+    let bytes = elem * n as u64;
     match stream {
-        Some(s) => async_copy(s, check),
-        None => run(|p, _| {
-            p.cur()?;
-            check(p)
-        }),
+        Some(s) => async_copy(s, bytes, check),
+        None => sync_copy(bytes, check),
     }
 }
 
@@ -918,22 +940,22 @@ driver_exports! {
         run(|p, st| p.destroy_object(st, arr as u64))
     }
     "cuMemcpyHtoD" @ 3020 / 7000 cuMemcpyHtoD_v2_ptds => fn cuMemcpyHtoD_v2 (dst: CUdeviceptr, src: *const c_void, n: usize) {
-        sync_copy(|p| if src.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(dst, n as u64) })
+        sync_copy(n as u64, |p| if src.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(dst, n as u64) })
     }
     "cuMemcpyDtoH" @ 3020 / 7000 cuMemcpyDtoH_v2_ptds => fn cuMemcpyDtoH_v2 (dst: *mut c_void, src: CUdeviceptr, n: usize) {
-        sync_copy(|p| if dst.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(src, n as u64) })
+        sync_copy(n as u64, |p| if dst.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(src, n as u64) })
     }
     "cuMemcpyDtoD" @ 3020 / 7000 cuMemcpyDtoD_v2_ptds => fn cuMemcpyDtoD_v2 (dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
-        sync_copy(|p| p.check_range(dst, n as u64).and_then(|_| p.check_range(src, n as u64)))
+        sync_copy(n as u64, |p| p.check_range(dst, n as u64).and_then(|_| p.check_range(src, n as u64)))
     }
     "cuMemcpyHtoDAsync" @ 3020 / 7000 cuMemcpyHtoDAsync_v2_ptsz => fn cuMemcpyHtoDAsync_v2 (dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) {
-        async_copy(stream, |p| if src.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(dst, n as u64) })
+        async_copy(stream, n as u64, |p| if src.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(dst, n as u64) })
     }
     "cuMemcpyDtoHAsync" @ 3020 / 7000 cuMemcpyDtoHAsync_v2_ptsz => fn cuMemcpyDtoHAsync_v2 (dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) {
-        async_copy(stream, |p| if dst.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(src, n as u64) })
+        async_copy(stream, n as u64, |p| if dst.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { p.check_range(src, n as u64) })
     }
     "cuMemcpyDtoDAsync" @ 3020 / 7000 cuMemcpyDtoDAsync_v2_ptsz => fn cuMemcpyDtoDAsync_v2 (dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) {
-        async_copy(stream, |p| p.check_range(dst, n as u64).and_then(|_| p.check_range(src, n as u64)))
+        async_copy(stream, n as u64, |p| p.check_range(dst, n as u64).and_then(|_| p.check_range(src, n as u64)))
     }
     "cuMemsetD8" @ 3020 / 7000 cuMemsetD8_v2_ptds => fn cuMemsetD8_v2 (dst: CUdeviceptr, _v: u8, n: usize) {
         memset(dst, 1, n, None)

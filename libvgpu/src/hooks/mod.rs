@@ -20,6 +20,17 @@ use std::ffi::{c_char, c_void, CStr};
 pub mod dlsym;
 pub mod procaddr;
 
+/// A `_ptsz` / `_ptds` entry point: its null stream is the calling thread's default stream.
+pub const fn per_thread_stream(name: &str) -> bool {
+    let b = name.as_bytes();
+    let n = b.len();
+    n > 5
+        && b[n - 5] == b'_'
+        && b[n - 4] == b'p'
+        && b[n - 3] == b't'
+        && ((b[n - 2] == b's' && b[n - 1] == b'z') || (b[n - 2] == b'd' && b[n - 1] == b's'))
+}
+
 /// One hooked symbol.
 pub struct Hook {
     pub name: &'static CStr,
@@ -70,7 +81,7 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let stream: $crate::ffi::CUstream = $stream;
-                let ticket = $crate::launch::before_launch(stream, stringify!($name).ends_with("_ptsz"));
+                let ticket = $crate::launch::before_launch(stream, $crate::hooks::per_thread_stream(stringify!($name)));
                 let r = f($($arg),*);
                 $crate::launch::after_launch(ticket, r);
                 r

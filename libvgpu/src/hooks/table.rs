@@ -137,6 +137,50 @@ hooks! {
     Cuda launch(std::ptr::null_mut()) fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int);
     Cuda launch(stream) fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream);
 
+    // ---- copies and memsets: device time NVML counts (an H100 reads 98-100% for a loop of them) --
+    Cuda launch(stream) fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize,
+        stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize,
+        stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, v: c_uint, w: usize, h: usize,
+        stream: CUstream);
+    Cuda launch(stream) fn cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, v: c_uint, w: usize,
+        h: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize,
+        stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize,
+        stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize,
+        stream: CUstream);
+    Cuda launch(stream) fn cuMemcpy2DAsync_v2(copy: *const c_void, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpy2DAsync_v2_ptsz(copy: *const c_void, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpy3DAsync_v2(copy: *const c_void, stream: CUstream);
+    Cuda launch(stream) fn cuMemcpy3DAsync_v2_ptsz(copy: *const c_void, stream: CUstream);
+    // Synchronous ones run on the default stream (`_ptds`: the per-thread one) and return when done.
+    Cuda launch(std::ptr::null_mut()) fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: c_uint, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+    Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
+
     // ---- synchronization ----------------------------------------------------------------------
     Cuda sync fn cuStreamSynchronize(stream: CUstream);
     Cuda sync fn cuStreamSynchronize_ptsz(stream: CUstream);
