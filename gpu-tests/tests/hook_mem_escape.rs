@@ -261,3 +261,33 @@ fn fork_child_using_cuda_keeps_the_parents_memory_charged() {
     kill_child_and_wait(&s, child);
     assert_eq!(container_used(&s.region(), 0), 0, "hook == device after the child exits");
 }
+
+/// A context grows after it was measured (on an H100: 518 MiB charged at creation, 537 MiB held
+/// once it ran kernels, and ten contexts put the host 8 MiB over a 4 GiB cap). The mock grows a
+/// context at its first module load; the monitor follows NVML's figure for the process, so the
+/// region soon charges what the device holds.
+#[test]
+fn a_context_that_grows_after_creation_is_charged() {
+    let s = Scratch::new("esc-growth");
+    let mut c = hooked("test_streams", &s, Some("1g"));
+    c.env("MOCK_GPU_CTX_GROWTH", "20m").args(["--op", "memset", "--bytes", "1m", "--seconds", "6", "--progress"]);
+    let mut child = spawn(&mut c);
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 && !line.contains("progress") {
+        line.clear();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    let (mut dev, mut reg) = (0, 0);
+    while std::time::Instant::now() < deadline {
+        dev = device_used(&s.mock_state(), 0);
+        reg = container_used(&s.region(), 0);
+        if dev.abs_diff(reg) <= 2 << 20 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(dev.abs_diff(reg) <= 2 << 20, "the device holds {dev} bytes, the region charges {reg}");
+}

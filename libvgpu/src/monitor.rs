@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use vgpu_core::config::UtilPolicy;
 use vgpu_core::limiter::tenants::{Reading, TenantSignal};
+use vgpu_core::ledger::Growth;
 use vgpu_core::limiter::CapPercent;
+use vgpu_core::region::MemKind;
 use vgpu_core::MAX_DEVICES;
 
 use crate::launch::{CONTENDED, GATE, LAUNCHED};
@@ -67,6 +69,7 @@ fn run(rt: &'static Runtime) {
     let mut nvml_handles: [Option<usize>; MAX_DEVICES] = [None; MAX_DEVICES];
     let mut nvml_seen_us = 0u64;
     let mut tenants = [TenantSignal::default(); MAX_DEVICES];
+    let mut growth = [Growth::default(); MAX_DEVICES];
     loop {
         std::thread::sleep(TICK);
         tick = tick.wrapping_add(1);
@@ -103,6 +106,9 @@ fn run(rt: &'static Runtime) {
                 publish_nvml_util(ps, dev, nvml_handles[dev], any_launch, &mut nvml_seen_us);
             }
             observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
+            if tick.is_multiple_of(PUBLISH_EVERY * 5) {
+                follow_growth(ps, dev, nvml_handles[dev], &mut growth[dev]);
+            }
         }
         if GATE.load(Relaxed) {
             vgpu_core::debug!("launch gate: {}", crate::launch::COUNTERS.summary());
@@ -136,6 +142,21 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
     });
     CONTENDED[dev].store(sig.contended, Relaxed);
     OTHERS_IDLE[dev].store(sig.others_idle, Relaxed);
+}
+
+/// Charge what the device holds for this process beyond the hook's own accounting (a context
+/// grows after it was measured), from NVML's per-process figure, when NVML can see our process
+/// (host PID known). Over the cap, later allocations are refused: the host stays under it.
+fn follow_growth(ps: &ProcState, dev: usize, handle: Option<usize>, g: &mut Growth) {
+    let hostpid = ps.region.slot_hostpid(ps.slot);
+    let Some(h) = handle.filter(|_| hostpid > 0) else { return };
+    let Some(held) = crate::driver::nvml_process_used(h as crate::ffi::nvmlDevice_t, hostpid as u32) else { return };
+    let delta = g.update(held, ps.region.proc_used(ps.slot, dev));
+    if delta > 0 {
+        ps.region.charge(ps.slot, dev, MemKind::Context, delta as u64);
+    } else if delta < 0 {
+        ps.region.release(ps.slot, dev, MemKind::Context, delta.unsigned_abs());
+    }
 }
 
 /// Utilization without a cap: NVML's per-process samples when our host PID is known (shared PID

@@ -39,6 +39,8 @@ pub struct Stream {
 pub struct Ctx {
     pub dev: usize,
     pub primary: bool,
+    /// Memory the context gained at its first module load (`MOCK_GPU_CTX_GROWTH`).
+    pub grown: u64,
     pub default_stream: Stream,
 }
 
@@ -249,7 +251,7 @@ impl Proc {
         }
         st.add_context(d, 1);
         let c = self.handle(0xC7);
-        self.ctxs.insert(c, Ctx { dev: d, primary, default_stream: Stream { ctx: c, ..Default::default() } });
+        self.ctxs.insert(c, Ctx { dev: d, primary, grown: 0, default_stream: Stream { ctx: c, ..Default::default() } });
         Ok(c)
     }
 
@@ -267,7 +269,7 @@ impl Proc {
             }
         }
         self.streams.retain(|_, s| s.ctx != c);
-        st.uncharge(ctx.dev, st.header().ctx_mem);
+        st.uncharge(ctx.dev, st.header().ctx_mem + ctx.grown);
         st.add_context(ctx.dev, -1);
         STACK.with(|s| s.borrow_mut().retain(|&x| x != c));
     }
@@ -489,6 +491,18 @@ impl Proc {
     }
 
     // ---- modules and launches ---------------------------------------------------------------
+
+    /// A context's first module load makes it grow (as real contexts do after creation): charged
+    /// on its device when it fits.
+    pub fn grow_current_ctx(&mut self, st: &GpuState) {
+        let growth = st.header().ctx_growth;
+        let Ok((c, d)) = self.cur() else { return };
+        if let Some(ctx) = self.ctxs.get_mut(&c) {
+            if growth > 0 && ctx.grown == 0 && st.try_charge(d, growth) {
+                ctx.grown = growth;
+            }
+        }
+    }
 
     pub fn load_module(&mut self, image: &[u8]) -> R<u64> {
         let entries = parse_ptx(image).ok_or(CUDA_ERROR_INVALID_IMAGE)?;

@@ -200,12 +200,13 @@ unsafe fn free_async(dptr: CUdeviceptr, stream: Handle) -> CUresult {
 }
 
 unsafe fn load_data(module: *mut Handle, image: *const c_void) -> CUresult {
-    run(|p, _| {
+    run(|p, st| {
         p.cur()?;
         if module.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let m = p.load_module(image_bytes(image)?)?;
+        p.grow_current_ctx(st);
         out(module, h(m))
     })
 }

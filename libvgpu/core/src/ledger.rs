@@ -172,3 +172,77 @@ mod tests {
         }
     }
 }
+
+/// Memory the device holds for a process beyond what the hook charged: a context keeps growing
+/// after it was measured (an H100's: 518 MiB at creation, 537 MiB once it ran kernels). Followed
+/// from NVML's figure for the process, so the container's total matches what the device holds.
+/// A change is taken only when two readings agree within `GROWTH_SLACK`: an allocation racing a
+/// reading (charged before NVML shows it, or freed after) does not move it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Growth {
+    /// Bytes charged for growth now.
+    pub charged: u64,
+    pending: Option<u64>,
+}
+
+/// NVML counts whole MiB; differences below this are noise.
+pub const GROWTH_SLACK: u64 = 2 << 20;
+
+impl Growth {
+    /// `held`: NVML's device memory for the process; `accounted`: the region's total for it
+    /// (growth included). Returns the change to charge now (+) or give back (-).
+    pub fn update(&mut self, held: u64, accounted: u64) -> i64 {
+        let base = accounted.saturating_sub(self.charged);
+        let want = held.saturating_sub(base);
+        let want = if want < GROWTH_SLACK { 0 } else { want };
+        if want.abs_diff(self.charged) < GROWTH_SLACK {
+            self.pending = None;
+            return 0;
+        }
+        if self.pending.is_some_and(|p| p.abs_diff(want) < GROWTH_SLACK) {
+            let delta = want as i64 - self.charged as i64;
+            self.charged = want;
+            self.pending = None;
+            return delta;
+        }
+        self.pending = Some(want);
+        0
+    }
+}
+
+#[cfg(test)]
+mod growth_tests {
+    use super::*;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn context_growth_is_charged_after_two_readings_and_given_back() {
+        let mut g = Growth::default();
+        // 518 MiB charged for the context, the device holds 537.
+        assert_eq!(g.update(537 * MIB, 518 * MIB), 0);
+        assert_eq!(g.update(537 * MIB, 518 * MIB), 19 * MIB as i64);
+        assert_eq!(g.update(537 * MIB, 537 * MIB), 0);
+        // The context shrinks back (or goes): given back after two readings.
+        assert_eq!(g.update(518 * MIB, 537 * MIB), 0);
+        assert_eq!(g.update(518 * MIB, 537 * MIB), -(19 * MIB as i64));
+    }
+
+    #[test]
+    fn an_allocation_racing_one_reading_moves_nothing() {
+        let mut g = Growth::default();
+        // 1 GiB charged before the driver call; NVML does not show it yet: one reading only.
+        assert_eq!(g.update(518 * MIB, 1542 * MIB), 0);
+        assert_eq!(g.update(1542 * MIB, 1542 * MIB), 0);
+        // A free: NVML still shows it for one reading.
+        assert_eq!(g.update(1542 * MIB, 518 * MIB), 0);
+        assert_eq!(g.update(518 * MIB, 518 * MIB), 0);
+        assert_eq!(g.charged, 0);
+    }
+
+    #[test]
+    fn differences_within_nvml_rounding_are_ignored() {
+        let mut g = Growth::default();
+        assert_eq!(g.update(519 * MIB, 518 * MIB), 0);
+        assert_eq!(g.update(519 * MIB, 518 * MIB), 0);
+    }
+}

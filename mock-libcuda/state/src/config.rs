@@ -18,6 +18,9 @@ pub struct Config {
     pub devices: Vec<DeviceConfig>,
     /// Device memory a context costs (primary or created).
     pub ctx_mem: u64,
+    /// Device memory a context gains when it first loads a module (an H100's primary context
+    /// grows from 518 to 537 MiB after creation); default 0.
+    pub ctx_growth: u64,
     /// Duration of one wave of a kernel other than `vgpu_spin`.
     pub kernel_ns: u64,
     pub clock_khz: u32,
@@ -63,6 +66,7 @@ impl Default for Config {
         Config {
             devices: vec![DeviceConfig { name: "Mock GPU".into(), total_mem: 8 * GIB, sms: 16 }],
             ctx_mem: 300 * MIB,
+            ctx_growth: 0,
             kernel_ns: 2000,
             clock_khz: 1_000_000,
             cc_major: 9,
@@ -112,6 +116,12 @@ impl Config {
             match parse_size(&v) {
                 Ok(m) => c.ctx_mem = m,
                 Err(e) => bad("MOCK_GPU_CTX_MEM", &v, e),
+            }
+        }
+        if let Some(v) = get("MOCK_GPU_CTX_GROWTH") {
+            match parse_size(&v) {
+                Ok(m) => c.ctx_growth = m,
+                Err(e) => bad("MOCK_GPU_CTX_GROWTH", &v, e),
             }
         }
         if let Some(v) = get("MOCK_KERNEL_NS") {

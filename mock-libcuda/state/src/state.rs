@@ -20,6 +20,7 @@ pub struct Header {
     pub device_count: u32,
     pub layout_size: u64,
     pub ctx_mem: u64,
+    pub ctx_growth: u64,
     pub kernel_ns: u64,
     pub clock_khz: u32,
     pub cc_major: u32,
@@ -350,6 +351,7 @@ impl GpuState {
         h.device_count = cfg.devices.len() as u32;
         h.layout_size = size;
         h.ctx_mem = cfg.ctx_mem;
+        h.ctx_growth = cfg.ctx_growth;
         h.kernel_ns = cfg.kernel_ns;
         h.clock_khz = cfg.clock_khz;
         h.cc_major = cfg.cc_major;
