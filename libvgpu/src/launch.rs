@@ -10,24 +10,18 @@
 //! launch really ran on the GPU.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, StreamKey};
 use vgpu_core::MAX_DEVICES;
 
+use crate::caps::{CONTENDED, GATE, LAUNCHED};
 use crate::driver;
 use crate::ffi::{CUcontext, CUevent, CUDA_SUCCESS};
 use crate::runtime::{ProcState, Runtime};
 
 pub use crate::ffi::CUstream;
-
-/// Some device has a cap, or the container is suspended/paused: launches take the slow path.
-pub(crate) static GATE: AtomicBool = AtomicBool::new(false);
-/// A launch happened since the monitor last looked (last-kernel-time without a clock read).
-pub(crate) static LAUNCHED: AtomicBool = AtomicBool::new(false);
-/// Another tenant is using device d (set by the monitor from NVML).
-pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// Counters for the debug log (`LIBCUDA_LOG_LEVEL=4`): where gated launches went.
 #[derive(Default)]
@@ -343,7 +337,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     LAUNCHED.store(true, Relaxed);
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
-    crate::monitor::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
+    crate::caps::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
     // A launch into a capture does not run now (the graph's launch is gated instead).
     COUNTERS.gated.fetch_add(1, Relaxed);
     if driver::stream_capturing(stream) {
@@ -355,7 +349,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         return LaunchTicket::default();
     };
     let bucket = ps.region.bucket(dev);
-    let cap = crate::monitor::effective_cap(rt, ps, dev);
+    let cap = crate::caps::effective_cap(rt, ps, dev);
     let contended = CONTENDED[dev].load(Relaxed);
     hold(&mut SysClock, |now| {
         let mut g = lock(dev);

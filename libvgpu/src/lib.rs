@@ -10,6 +10,7 @@
 // arguments: their safety contract is the CUDA/NVML API's own (valid pointers or NULL).
 #![allow(clippy::missing_safety_doc)]
 
+mod caps;
 pub mod context;
 pub mod driver;
 pub mod ffi;

@@ -1,7 +1,6 @@
-//! The monitor thread (started lazily by init, never by a constructor) and the cap/pause policy
-//! the launch gate asks about.
+//! The monitor thread (started lazily by init, never by a constructor).
 //!
-//! Every `TICK`: recompute `launch::GATE` from the shared region (so `shrreg-tool --set-sm-limit`,
+//! Every `TICK`: recompute `caps::GATE` from the shared region (so `shrreg-tool --set-sm-limit`,
 //! `--suspend` and the HAMi monitor's fields take effect in running processes within a tick),
 //! flush pending limiter occupancy, close utilization windows and publish this process's
 //! SM utilization and last-kernel time into the HAMi v1 fields the monitor exports.
@@ -9,14 +8,12 @@
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
 
-use vgpu_core::config::UtilPolicy;
 use vgpu_core::limiter::tenants::{Reading, TenantSignal};
 use vgpu_core::ledger::Growth;
-use vgpu_core::limiter::CapPercent;
 use vgpu_core::region::MemKind;
 use vgpu_core::MAX_DEVICES;
 
-use crate::launch::{CONTENDED, GATE, LAUNCHED};
+use crate::caps::{refresh_gate, CONTENDED, GATE, LAUNCHED, OTHERS_IDLE};
 use crate::runtime::{ProcState, Runtime};
 
 /// Monitor period: bounds how late a runtime cap change or a suspend takes effect.
@@ -25,10 +22,6 @@ const TICK: Duration = Duration::from_millis(100);
 const PUBLISH_EVERY: u32 = 2;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
-
-/// No other tenant is using device d (NVML busier than our own occupancy by less than
-/// `IDLE_OTHERS_PCT`): the soft cap may apply.
-static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// Start the monitor thread once per process (call again after fork in the child: threads do
 /// not survive fork, so the child's flag is reset by `after_fork_child`).
@@ -185,59 +178,6 @@ fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched
     if launched {
         let dev_util = crate::driver::nvml_gpu_util(h).unwrap_or(proc_util);
         ps.region.limiter(dev).util_centi_percent.store(dev_util as u64 * 100, Relaxed);
-    }
-}
-
-/// Gate launches when any device has a cap or the container is paused.
-fn refresh_gate(rt: &Runtime, ps: &ProcState) {
-    let paused = ps.region.suspended() || low_priority_paused(rt, ps);
-    let capped = (0..ps.devices.len()).any(|d| effective_cap(rt, ps, d).is_some());
-    GATE.store(paused || capped, Release);
-}
-
-/// HAMi's monitor writes `recent_kernel = -1` to tell lower-priority containers to hold launches.
-fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
-    ps.region.recent_kernel() < 0 && rt.config.priority > 0
-}
-
-/// The share `dev` may use right now. Hard cap from the live region value; the soft cap (if
-/// higher) while no other tenant uses the GPU (NVML) and HAMi's monitor does not demand the
-/// hard cap (`utilization_switch == 1`). `force` always applies the hard cap; `disable` never caps.
-pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
-    let policy = rt.config.policy;
-    if policy == UtilPolicy::Disable {
-        return None;
-    }
-    let hard = ps.region.sm_limit(dev).filter(|&p| p > 0 && p < 100)?;
-    if policy == UtilPolicy::Default && ps.region.utilization_switch() != 1 && OTHERS_IDLE[dev].load(Relaxed) {
-        if let Some(soft) = ps.region.soft_sm_limit(dev) {
-            if soft > hard {
-                return (soft < 100).then_some(soft);
-            }
-        }
-    }
-    Some(hard)
-}
-
-/// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
-/// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
-pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
-    if !ps.region.suspended() && !low_priority_paused(rt, ps) {
-        return; // the common case: no clock read
-    }
-    let start = vgpu_core::clock::now_ns();
-    let mut said = false;
-    loop {
-        let suspended = ps.region.suspended();
-        let priority_hold = low_priority_paused(rt, ps) && vgpu_core::clock::now_ns() - start < max_ns;
-        if !suspended && !priority_hold {
-            return;
-        }
-        if !said {
-            vgpu_core::info!("launches held: {}", if suspended { "container suspended" } else { "lower priority" });
-            said = true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -1,0 +1,74 @@
+//! What the launch gate asks on every gated launch: the share each device may use now, whether
+//! the container is paused, and the flags the monitor thread keeps fresh for it. Below both the
+//! gate (`launch`) and the monitor (`monitor`), so neither depends on the other for them.
+
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::time::Duration;
+
+use vgpu_core::config::UtilPolicy;
+use vgpu_core::limiter::CapPercent;
+use vgpu_core::MAX_DEVICES;
+
+use crate::runtime::{ProcState, Runtime};
+
+/// Some device has a cap, or the container is suspended/paused: launches take the slow path.
+pub(crate) static GATE: AtomicBool = AtomicBool::new(false);
+/// A launch happened since the monitor last looked (last-kernel-time without a clock read).
+pub(crate) static LAUNCHED: AtomicBool = AtomicBool::new(false);
+/// Another tenant is busy on device d (set by the monitor from NVML).
+pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// No other tenant is busy on device d: the soft cap may apply (set by the monitor).
+pub(crate) static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// Gate launches when any device has a cap or the container is paused.
+pub(crate) fn refresh_gate(rt: &Runtime, ps: &ProcState) {
+    let paused = ps.region.suspended() || low_priority_paused(rt, ps);
+    let capped = (0..ps.devices.len()).any(|d| effective_cap(rt, ps, d).is_some());
+    GATE.store(paused || capped, Release);
+}
+
+/// HAMi's monitor writes `recent_kernel = -1` to tell lower-priority containers to hold launches.
+fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
+    ps.region.recent_kernel() < 0 && rt.config.priority > 0
+}
+
+/// The share `dev` may use right now. Hard cap from the live region value; the soft cap (if
+/// higher) while no other tenant uses the GPU (NVML) and HAMi's monitor does not demand the
+/// hard cap (`utilization_switch == 1`). `force` always applies the hard cap; `disable` never caps.
+pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
+    let policy = rt.config.policy;
+    if policy == UtilPolicy::Disable {
+        return None;
+    }
+    let hard = ps.region.sm_limit(dev).filter(|&p| p > 0 && p < 100)?;
+    if policy == UtilPolicy::Default && ps.region.utilization_switch() != 1 && OTHERS_IDLE[dev].load(Relaxed) {
+        if let Some(soft) = ps.region.soft_sm_limit(dev) {
+            if soft > hard {
+                return (soft < 100).then_some(soft);
+            }
+        }
+    }
+    Some(hard)
+}
+
+/// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
+/// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
+pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
+    if !ps.region.suspended() && !low_priority_paused(rt, ps) {
+        return; // the common case: no clock read
+    }
+    let start = vgpu_core::clock::now_ns();
+    let mut said = false;
+    loop {
+        let suspended = ps.region.suspended();
+        let priority_hold = low_priority_paused(rt, ps) && vgpu_core::clock::now_ns() - start < max_ns;
+        if !suspended && !priority_hold {
+            return;
+        }
+        if !said {
+            vgpu_core::info!("launches held: {}", if suspended { "container suspended" } else { "lower priority" });
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
