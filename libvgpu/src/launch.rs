@@ -13,7 +13,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, StreamKey};
+use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, Step, StreamKey};
 use vgpu_core::MAX_DEVICES;
 
 use crate::caps::{CONTENDED, GATE, LAUNCHED};
@@ -24,7 +24,6 @@ use crate::runtime::{ProcState, Runtime};
 pub use crate::ffi::CUstream;
 
 /// Counters for the debug log (`LIBCUDA_LOG_LEVEL=4`): where gated launches went.
-#[derive(Default)]
 pub(crate) struct GateCounters {
     pub gated: AtomicU64,
     pub untracked_stream: AtomicU64,
@@ -351,26 +350,45 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     let bucket = ps.region.bucket(dev);
     let cap = crate::caps::effective_cap(rt, ps, dev);
     let contended = CONTENDED[dev].load(Relaxed);
+    let owner = ps.slot.index() as u64 + 1;
+    // When the gate says go, the same lock and capture-mode switch also prepare the launch.
+    let mut prepared = None;
     hold(&mut SysClock, |now| {
         let mut g = lock(dev);
         let g = &mut *g;
         g.meter.contended = contended;
-        g.meter.owner = ps.slot.index() as u64 + 1;
-        driver::with_relaxed_capture(|| g.meter.gate(&mut g.events, &bucket, cap, key, now))
+        g.meter.owner = owner;
+        driver::with_relaxed_capture(|| {
+            let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
+            if step == Step::Go {
+                prepared = Some(prepare(g, key, record_on, ctx));
+            }
+            step
+        })
     });
-    let mut g = lock(dev);
-    let g = &mut *g;
-    let Some(ctx) = g.events.ctx_index(ctx) else {
+    // A hold that ran out (MAX_HOLD_NS) lets the launch go unprepared: prepare it now.
+    let prepared = prepared.unwrap_or_else(|| {
+        let mut g = lock(dev);
+        driver::with_relaxed_capture(|| prepare(&mut g, key, record_on, ctx))
+    });
+    let Some((ctx, start_ev)) = prepared else {
         COUNTERS.untracked_stream.fetch_add(1, Relaxed);
         return LaunchTicket::default();
     };
-    let start_ev = if g.meter.wants_start_event(key) { driver::with_relaxed_capture(|| g.events.record(ctx, record_on)) } else { None };
     let submit_ns = vgpu_core::clock::fast_now_ns();
     // Shared line: written at most once a millisecond, not on every launch.
     if submit_ns.saturating_sub(bucket.s.last_launch_ns.load(Relaxed)) > 1_000_000 {
         bucket.s.last_launch_ns.store(submit_ns, Relaxed);
     }
     LaunchTicket { gated: Some(Gated { dev, key, record_on, ctx, start_ev, submit_ns }) }
+}
+
+/// The context clock of the launch's stream, and a start event when the stream is idle (its
+/// launch latency is not GPU time). `None`: the context cannot be timed, the launch goes untracked.
+fn prepare(g: &mut DeviceGate, key: StreamKey, record_on: CUstream, ctx: CUcontext) -> Option<(usize, Option<Ev>)> {
+    let ctx = g.events.ctx_index(ctx)?;
+    let start_ev = if g.meter.wants_start_event(key) { g.events.record(ctx, record_on) } else { None };
+    Some((ctx, start_ev))
 }
 
 #[cold]

@@ -81,7 +81,9 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let stream: $crate::ffi::CUstream = $stream;
-                let ticket = $crate::launch::before_launch(stream, $crate::hooks::per_thread_stream(stringify!($name)));
+                // Decided at compile time: nothing added to the launch path.
+                const PER_THREAD: bool = $crate::hooks::per_thread_stream(stringify!($name));
+                let ticket = $crate::launch::before_launch(stream, PER_THREAD);
                 let r = f($($arg),*);
                 $crate::launch::after_launch(ticket, r);
                 r

@@ -388,16 +388,15 @@ mod tests {
         }
     }
 
-    fn fixture() -> (SharedDeviceState, BusyMap) {
-        (SharedDeviceState::default(), BusyMap::default())
+    /// A container's shared state for one device, scripted events and a fresh meter.
+    fn fixture() -> (SharedDeviceState, BusyMap, Scripted, Meter<u32>) {
+        (SharedDeviceState::default(), BusyMap::default(), Scripted::default(), Meter::default())
     }
 
     #[test]
     fn a_launch_without_an_event_is_charged_up_to_the_next_synchronize() {
-        let (s, m) = fixture();
+        let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        let mut evs = Scripted::default();
-        let mut meter: Meter<u32> = Meter::default();
         meter.launched(1, None, None, T0, &mut evs);
         assert_eq!(meter.pending_launches(), 1);
         meter.poll(&mut evs, &b, T0 + 2 * MS);
@@ -409,10 +408,8 @@ mod tests {
 
     #[test]
     fn a_lost_event_charges_nothing_and_does_not_block_the_stream() {
-        let (s, m) = fixture();
+        let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        let mut evs = Scripted::default();
-        let mut meter: Meter<u32> = Meter::default();
         meter.launched(1, None, Some(10), T0, &mut evs);
         meter.launched(1, None, Some(11), T0 + MS, &mut evs);
         evs.states.insert(10, EventState::Lost);
@@ -425,10 +422,8 @@ mod tests {
 
     #[test]
     fn a_start_event_sets_where_an_idle_stream_began() {
-        let (s, m) = fixture();
+        let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        let mut evs = Scripted::default();
-        let mut meter: Meter<u32> = Meter::default();
         assert!(meter.wants_start_event(1));
         meter.launched(1, Some(20), Some(21), T0, &mut evs);
         assert!(!meter.wants_start_event(1), "work in flight: no start event");
@@ -441,10 +436,8 @@ mod tests {
 
     #[test]
     fn many_short_lived_streams_are_forgotten_when_idle() {
-        let (s, m) = fixture();
+        let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        let mut evs = Scripted::default();
-        let mut meter: Meter<u32> = Meter::default();
         for k in 0..500u32 {
             let t = T0 + k as u64 * MS;
             meter.launched(k as u64, None, Some(k), t, &mut evs);
@@ -458,10 +451,8 @@ mod tests {
 
     #[test]
     fn uncapped_never_waits_and_keeps_the_bucket_full() {
-        let (s, m) = fixture();
+        let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        let mut evs = Scripted::default();
-        let mut meter: Meter<u32> = Meter::default();
         b.refill(T0, 100);
         for i in 0..100 {
             meter.launched(1, None, Some(i), T0 + i as u64 * MS, &mut evs);
@@ -472,10 +463,8 @@ mod tests {
 
     #[test]
     fn a_full_queue_waits_for_its_own_stream() {
-        let (s, m) = fixture();
+        let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        let mut evs = Scripted::default();
-        let mut meter: Meter<u32> = Meter::default();
         b.refill(T0, 50);
         meter.launched(1, None, Some(1), T0, &mut evs);
         meter.launched(1, None, Some(2), T0, &mut evs);

@@ -28,24 +28,8 @@ fn cli() -> Command {
         .arg(flag("version", "version", "Show the tool and region layout versions").short('v'))
         .arg(flag("suspend", "suspend", "Pause kernel launches of the container (until --resume)").conflicts_with("resume"))
         .arg(flag("resume", "resume", "Resume kernel launches"))
-        .arg(
-            Arg::new("set_sm_limit")
-                .long("set-sm-limit")
-                .num_args(2)
-                .value_names(["DEV", "PCT"])
-                .allow_hyphen_values(true)
-                .action(ArgAction::Append)
-                .help("Set the SM cap of device DEV: an integer 0..=100 (0 or 100 = no cap)"),
-        )
-        .arg(
-            Arg::new("set_mem_limit")
-                .long("set-mem-limit")
-                .num_args(2)
-                .value_names(["DEV", "SIZE"])
-                .allow_hyphen_values(true)
-                .action(ArgAction::Append)
-                .help("Set the memory cap of device DEV: bytes, or k/m/g/t (powers of 1024), or N% of the device; a literal 0 = no cap. Below current use: new allocations are refused, nothing is freed"),
-        )
+        .arg(setter("set_sm_limit", "set-sm-limit", "PCT", "Set the SM cap of device DEV: an integer 0..=100 (0 or 100 = no cap)"))
+        .arg(setter("set_mem_limit", "set-mem-limit", "SIZE", "Set the memory cap of device DEV: bytes, or k/m/g/t (powers of 1024), or N% of the device; a literal 0 = no cap. Below current use: new allocations are refused, nothing is freed"))
         .group(
             ArgGroup::new("action")
                 .args(["create_new", "print", "version", "suspend", "resume", "set_sm_limit", "set_mem_limit"])
@@ -56,6 +40,17 @@ fn cli() -> Command {
 
 fn flag(id: &'static str, long: &'static str, help: &'static str) -> Arg {
     Arg::new(id).long(long).action(ArgAction::SetTrue).help(help)
+}
+
+/// `--LONG DEV VALUE`, repeatable (values are checked later, all before anything changes).
+fn setter(id: &'static str, long: &'static str, value: &'static str, help: &'static str) -> Arg {
+    Arg::new(id)
+        .long(long)
+        .num_args(2)
+        .value_names(["DEV", value])
+        .allow_hyphen_values(true)
+        .action(ArgAction::Append)
+        .help(help)
 }
 
 enum Action {
