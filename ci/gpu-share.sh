@@ -5,7 +5,7 @@
 # utilization within 3 points of min(cap, u0) (every second within 8), throughput within 5% of
 # min(1, cap/u0). Runs from the dist/ tree (ci/package-gpu.sh). Logs: $OUT/share.jsonl.
 # usage: gpu-share.sh [section ...]   sections: threads sync streams repeat random procs torch compile
-#                                     (default: all); env THREADS, TORCH_KINDS narrow threads/torch
+#                                     (default: all); env THREADS, STREAMS, TORCH_KINDS narrow threads/streams/torch
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 export DIST
@@ -23,7 +23,7 @@ for sec in "${sections[@]}"; do
     threads) for n in ${THREADS:-1 2 4 8}; do run $PY --name "threads_$n" -- $S/test_streams --progress --seconds 600 --threads $n --us 1000; done ;;
     sync) for how in query event; do run $PY --name "threads_2_sync_by_$how" -- $S/test_streams --progress --seconds 600 --threads 2 --sync-by $how --us 1000; done ;;
     # Fresh processes: switched at run time, an uncapped deep async queue would still be draining.
-    streams) for n in 1 2 4 8; do run $PY --name "async_streams_$n" --fresh 1 -- $S/test_streams --progress --seconds 600 --streams $n --sync-every 0 --us 1000; done ;;
+    streams) for n in ${STREAMS:-1 2 4 8}; do run $PY --name "async_streams_$n" --fresh 1 -- $S/test_streams --progress --seconds 600 --streams $n --sync-every 0 --us 1000; done ;;
     repeat) MEASURE=3 WARM=1.5 run $PY --name async_0.3-3ms --fresh 10 -- $S/test_streams --progress --seconds 600 --sync-every 0 --us 300 --us-max 3000 ;;
     random) run $PY --name random_10us-5ms -- $S/test_streams --progress --seconds 600 --us 10 --us-max 5000 ;;
     procs) run $PY --name four_procs_threads_2 --procs 4 -- $S/test_streams --progress --seconds 600 --threads 2 --us 1000 ;;

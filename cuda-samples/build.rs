@@ -33,6 +33,7 @@ const SAMPLES: &[(&str, Link)] = &[
     ("test_fork", Link::Driver),
     ("test_streams", Link::Driver),
     ("test_mem_escape", Link::Driver),
+    ("nvml_watch", Link::DlopenOnly),
 ];
 
 const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"];

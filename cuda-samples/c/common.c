@@ -381,6 +381,7 @@ static struct {
     int (*get_handle_by_uuid)(const char *, nvmlDevice_t *);
     int (*get_memory_info)(nvmlDevice_t, nvmlMemory_t *);
     int (*get_memory_info_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    int (*get_utilization_rates)(nvmlDevice_t, unsigned int *);
     const char *(*error_string)(int);
 } nvml;
 
@@ -405,6 +406,7 @@ int nvml_open(void)
     *(void **)&nvml.get_handle_by_uuid = nvml_sym("nvmlDeviceGetHandleByUUID");
     *(void **)&nvml.get_memory_info = nvml_sym("nvmlDeviceGetMemoryInfo");
     *(void **)&nvml.get_memory_info_v2 = nvml_sym("nvmlDeviceGetMemoryInfo_v2");
+    *(void **)&nvml.get_utilization_rates = nvml_sym("nvmlDeviceGetUtilizationRates");
     *(void **)&nvml.error_string = nvml_sym("nvmlErrorString");
     if (!nvml.init_v2 || !nvml.get_memory_info) {
         out("nvml=absent reason=\"nvmlInit_v2 or nvmlDeviceGetMemoryInfo not exported\"\n");
@@ -457,6 +459,16 @@ int nvml_device(const CUuuid *uuid, int index, nvmlDevice_t *dev)
 int nvml_memory(nvmlDevice_t dev, nvmlMemory_t *m)
 {
     return nvml.get_memory_info ? nvml.get_memory_info(dev, m) : -1;
+}
+
+int nvml_gpu_util(nvmlDevice_t dev, unsigned int *pct)
+{
+    unsigned int u[2] = {0, 0}; /* nvmlUtilization_t: gpu, memory */
+    if (!nvml.get_utilization_rates)
+        return -1;
+    int rc = nvml.get_utilization_rates(dev, u);
+    *pct = u[0];
+    return rc;
 }
 
 int nvml_memory_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)

@@ -96,6 +96,8 @@ int nvml_device(const CUuuid *uuid, int index, nvmlDevice_t *dev);
 /* nvmlDeviceGetMemoryInfo / _v2; return the nvmlReturn_t (0 = success, -1 = not exported). */
 int nvml_memory(nvmlDevice_t dev, nvmlMemory_t *m);
 int nvml_memory_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m);
+/* nvmlDeviceGetUtilizationRates' GPU percent; returns the nvmlReturn_t (-1 = not exported). */
+int nvml_gpu_util(nvmlDevice_t dev, unsigned int *pct);
 const char *nvml_error(int code);
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */

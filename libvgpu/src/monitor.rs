@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
 
+use vgpu_core::limiter::calibrate::{NvmlMean, Window};
 use vgpu_core::limiter::tenants::{Reading, TenantSignal};
 use vgpu_core::ledger::Growth;
 use vgpu_core::region::MemKind;
@@ -62,6 +63,7 @@ fn run(rt: &'static Runtime) {
     let mut nvml_handles: [Option<usize>; MAX_DEVICES] = [None; MAX_DEVICES];
     let mut nvml_seen_us = 0u64;
     let mut tenants = [TenantSignal::default(); MAX_DEVICES];
+    let mut nvml_means = [NvmlMean::default(); MAX_DEVICES];
     let mut growth = [Growth::default(); MAX_DEVICES];
     loop {
         std::thread::sleep(TICK);
@@ -91,14 +93,17 @@ fn run(rt: &'static Runtime) {
         });
         let any_launch = LAUNCHED.swap(false, AcqRel);
         for dev in 0..ps.devices.len() {
-            if gated[dev] && GATE.load(Relaxed) {
+            let gating = gated[dev] && GATE.load(Relaxed);
+            if gating {
                 ps.region.bucket(dev).roll_window(now);
             } else {
                 // No gate, no occupancy tracking (the uncapped fast path measures nothing):
                 // take utilization from NVML instead.
                 publish_nvml_util(ps, dev, nvml_handles[dev], any_launch, &mut nvml_seen_us);
             }
-            observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
+            let device_util = observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
+            let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
+            calibrate_charge(ps, dev, device_util.zip(cap), tenants[dev].alone, &mut nvml_means[dev], now);
             if tick.is_multiple_of(PUBLISH_EVERY * 5) {
                 follow_growth(ps, dev, nvml_handles[dev], &mut growth[dev]);
             }
@@ -118,15 +123,14 @@ fn run(rt: &'static Runtime) {
 
 /// Compare the device's utilization (every tenant, from NVML) with our container's own, with
 /// NVML's process list telling whether anyone else is there (`limiter::tenants`). Without NVML
-/// nothing is flagged.
-fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: &mut TenantSignal) {
+/// nothing is flagged. Returns the device's utilization NVML reported.
+fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: &mut TenantSignal) -> Option<u32> {
     if handle.is_none() {
-        let Some(info) = ps.devices.get(dev) else { return };
+        let info = ps.devices.get(dev)?;
         *handle = crate::driver::nvml_handle_by_uuid(&info.uuid).map(|h| h as usize);
     }
-    let Some(h) = *handle else { return };
-    let h = h as crate::ffi::nvmlDevice_t;
-    let Some(gpu) = crate::driver::nvml_gpu_util(h) else { return };
+    let h = (*handle)? as crate::ffi::nvmlDevice_t;
+    let gpu = crate::driver::nvml_gpu_util(h)?;
     sig.update(Reading {
         device_util: gpu,
         own_util: (ps.region.limiter(dev).util_centi_percent.load(Relaxed) / 100) as u32,
@@ -135,6 +139,22 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
     });
     CONTENDED[dev].store(sig.contended, Relaxed);
     OTHERS_IDLE[dev].store(sig.others_idle, Relaxed);
+    Some(gpu)
+}
+
+/// Feed NVML's device utilization under a cap (`util_and_cap`) to the charge calibration
+/// (`limiter::calibrate`) while the container is alone on the device; each second, step the
+/// container's scale so NVML's figure settles at the cap.
+fn calibrate_charge(ps: &ProcState, dev: usize, util_and_cap: Option<(u32, u32)>, alone: bool, mean: &mut NvmlMean, now: u64) {
+    let Some((util, cap)) = util_and_cap.filter(|_| alone) else {
+        mean.reset();
+        return;
+    };
+    let bucket = ps.region.bucket(dev);
+    let Some((nvml_centi, binding)) = mean.add(util, bucket.s.holds.load(Relaxed), cap, now) else { return };
+    if let Some(scale) = bucket.calibrate(Window { nvml_centi, cap, alone, binding }, now) {
+        vgpu_core::debug!("device {dev}: NVML {:.1}% under cap {cap}%: charge scale {scale}/1000", nvml_centi as f64 / 100.0);
+    }
 }
 
 /// Charge what the device holds for this process beyond the hook's own accounting (a context

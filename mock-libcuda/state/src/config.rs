@@ -23,6 +23,10 @@ pub struct Config {
     pub ctx_growth: u64,
     /// Duration of one wave of a kernel other than `vgpu_spin`.
     pub kernel_ns: u64,
+    /// Busy time NVML counts after each kernel, memset or copy that no timing event sees (on an
+    /// H100 NVML reads 4-8 points above the union of every kernel CUPTI saw for PyTorch
+    /// training, `bench/py/gap_probe.py`); default 0.
+    pub nvml_tail_ns: u64,
     pub clock_khz: u32,
     pub cc_major: u32,
     pub cc_minor: u32,
@@ -68,6 +72,7 @@ impl Default for Config {
             ctx_mem: 300 * MIB,
             ctx_growth: 0,
             kernel_ns: 2000,
+            nvml_tail_ns: 0,
             clock_khz: 1_000_000,
             cc_major: 9,
             cc_minor: 0,
@@ -128,6 +133,12 @@ impl Config {
             match v.trim().parse::<u64>() {
                 Ok(n) => c.kernel_ns = n,
                 Err(e) => bad("MOCK_KERNEL_NS", &v, e.to_string()),
+            }
+        }
+        if let Some(v) = get("MOCK_NVML_TAIL_NS") {
+            match v.trim().parse::<u64>() {
+                Ok(n) => c.nvml_tail_ns = n,
+                Err(e) => bad("MOCK_NVML_TAIL_NS", &v, e.to_string()),
             }
         }
         if let Some(v) = get("MOCK_GPU_CLOCK_KHZ") {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, A
 use std::sync::{Mutex, MutexGuard};
 
 pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 #[repr(C)]
 pub struct Header {
@@ -22,6 +22,7 @@ pub struct Header {
     pub ctx_mem: u64,
     pub ctx_growth: u64,
     pub kernel_ns: u64,
+    pub nvml_tail_ns: u64,
     pub clock_khz: u32,
     pub cc_major: u32,
     pub cc_minor: u32,
@@ -62,6 +63,8 @@ pub struct SlotDev {
     pub contexts: AtomicU64,
     /// End of this process's last kernel on the device.
     pub last_end: AtomicU64,
+    /// End of the busy time NVML counts for it (`last_end` plus the NVML tail).
+    pub nvml_end: AtomicU64,
     ring: [Bucket; RING],
 }
 
@@ -353,6 +356,7 @@ impl GpuState {
         h.ctx_mem = cfg.ctx_mem;
         h.ctx_growth = cfg.ctx_growth;
         h.kernel_ns = cfg.kernel_ns;
+        h.nvml_tail_ns = cfg.nvml_tail_ns;
         h.clock_khz = cfg.clock_khz;
         h.cc_major = cfg.cc_major;
         h.cc_minor = cfg.cc_minor;
@@ -456,6 +460,7 @@ impl GpuState {
             sd.used.store(0, Relaxed);
             sd.contexts.store(0, Relaxed);
             sd.last_end.store(0, Relaxed);
+            sd.nvml_end.store(0, Relaxed);
             for b in &sd.ring {
                 b.busy_ns.store(0, Relaxed);
                 b.span.store(EMPTY_SPAN, Relaxed);
@@ -665,11 +670,8 @@ impl GpuState {
         dev.busy_until.fetch_max(end, AcqRel);
         if let Some(s) = self.my_slot() {
             let sd = self.slot_dev(s, d);
-            // Busy time is the union: a kernel beside our own counts only past what is recorded.
-            let prev = sd.last_end.fetch_max(end, AcqRel);
-            if end > prev {
-                self.record_busy(sd, start.max(prev), end, now);
-            }
+            sd.last_end.fetch_max(end, AcqRel);
+            self.record_nvml_busy(sd, start, end, now);
         }
         (start, end)
     }
@@ -690,9 +692,19 @@ impl GpuState {
         if let Some(s) = self.my_slot() {
             let sd = self.slot_dev(s, d);
             sd.last_end.fetch_max(end, AcqRel);
-            self.record_busy(sd, start, end, now);
+            self.record_nvml_busy(sd, start, end, now);
         }
         (start, end)
+    }
+
+    /// Record `[start, end)` plus NVML's tail as busy for NVML. Busy time is the union: work
+    /// beside our own (or inside the previous tail) counts only past what is recorded.
+    fn record_nvml_busy(&self, sd: &SlotDev, start: u64, end: u64, now: u64) {
+        let end = end + self.header().nvml_tail_ns;
+        let prev = sd.nvml_end.fetch_max(end, AcqRel);
+        if end > prev {
+            self.record_busy(sd, start.max(prev), end, now);
+        }
     }
 
     fn record_busy(&self, sd: &SlotDev, start: u64, end: u64, now: u64) {

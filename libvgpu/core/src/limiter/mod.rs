@@ -20,6 +20,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
 pub mod busy;
+pub mod calibrate;
 pub mod meter;
 pub mod tenants;
 
@@ -53,8 +54,14 @@ pub struct SharedDeviceState {
     /// End of the latest interval charged, and which process (`Meter::owner`) charged it.
     pub union_end_ns: AtomicU64,
     pub union_owner: AtomicU64,
+    /// NVML busy time per measured ns, x1000 (`calibrate`; 0 = not learned, 1000).
+    pub charge_scale_milli: AtomicU64,
+    /// When the scale last stepped (clock::now_ns): one step a second per container.
+    pub calibrated_at_ns: AtomicU64,
+    /// Launches the budget held back (cumulative): tells a binding cap from a slow program.
+    pub holds: AtomicU64,
     /// Room to grow without changing the extension layout.
-    pub reserved: [AtomicU64; 5],
+    pub reserved: [AtomicU64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);
@@ -124,9 +131,10 @@ impl Bucket<'_> {
     }
 
     /// Charge the busy interval `[start, end)` of one process: only the part no process of the
-    /// container reported yet (the union). The bucket pays `share_milli`/1000 of it (less than
-    /// all when another tenant slowed our work); utilization counts it whole.
-    /// Returns the newly covered ns (before the share).
+    /// container reported yet (the union). The bucket pays it at the calibrated scale (NVML's
+    /// busy time per measured ns, `calibrate`), times `share_milli`/1000 (less than all when
+    /// another tenant slowed our work); utilization counts it at the scale, whole.
+    /// Returns the newly covered ns (as measured).
     pub fn charge(&self, start: u64, end: u64, share_milli: u64, now: u64, owner: u64) -> u64 {
         let now = now.max(end);
         let (prev_end, prev_owner) = (self.s.union_end_ns.load(Relaxed), self.s.union_owner.load(Relaxed));
@@ -139,11 +147,30 @@ impl Bucket<'_> {
         if fresh == 0 {
             return 0;
         }
-        let cost = fresh * share_milli.min(1000) / 1000;
+        let scaled = fresh * self.scale_milli() / 1000;
+        let cost = scaled * share_milli.min(1000) / 1000;
         self.s.tokens_ns.fetch_sub(cost as i64, AcqRel);
-        self.s.window_busy_ns.fetch_add(fresh, Relaxed);
+        self.s.window_busy_ns.fetch_add(scaled, Relaxed);
         self.s.total_busy_ns.fetch_add(fresh, Relaxed);
         fresh
+    }
+
+    /// The calibrated charge per measured ns, x1000.
+    pub fn scale_milli(&self) -> u64 {
+        calibrate::effective(self.s.charge_scale_milli.load(Relaxed))
+    }
+
+    /// One calibration step from a closed window of NVML readings, by whichever process of the
+    /// container gets there first this second; returns the new scale if this call stepped.
+    pub fn calibrate(&self, w: calibrate::Window, now: u64) -> Option<u64> {
+        let at = self.s.calibrated_at_ns.load(Relaxed);
+        if at != 0 && now < at + calibrate::CALIBRATE_EVERY_NS * 9 / 10 {
+            return None;
+        }
+        self.s.calibrated_at_ns.compare_exchange(at, now, AcqRel, Relaxed).ok()?;
+        let next = calibrate::next_scale(self.s.charge_scale_milli.load(Relaxed), w);
+        self.s.charge_scale_milli.store(next, Relaxed);
+        Some(next)
     }
 
     pub fn balance(&self) -> i64 {

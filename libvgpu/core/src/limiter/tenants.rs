@@ -39,11 +39,15 @@ pub struct TenantSignal {
     pub contended: bool,
     /// No other tenant is busy: the soft cap may apply.
     pub others_idle: bool,
+    /// NVML lists no compute process beyond the container's own (its latest reading): the
+    /// device's utilization is the container's (`calibrate`).
+    pub alone: bool,
 }
 
 impl TenantSignal {
     pub fn update(&mut self, r: Reading) {
         let foreign = r.device_processes.is_none_or(|n| n > r.own_processes);
+        self.alone = !foreign;
         let others = if foreign { r.device_util as i64 - r.own_util as i64 } else { 0 };
         let bump = |run: &mut u8, hit: bool| *run = if hit { run.saturating_add(1) } else { 0 };
         bump(&mut self.contended_run, others >= CONTENDED_OTHERS_PCT);
@@ -78,7 +82,7 @@ mod tests {
         // ResNet-50 at cap 50 on an H100: NVML 81, own 56, only our process on the GPU.
         let mut s = TenantSignal::default();
         feed(&mut s, 5, 81, 56, Some(1));
-        assert!(!s.contended && s.others_idle);
+        assert!(!s.contended && s.others_idle && s.alone);
     }
 
     #[test]
@@ -97,6 +101,6 @@ mod tests {
     fn without_a_process_list_the_utilization_gap_decides() {
         let mut s = TenantSignal::default();
         feed(&mut s, 3, 90, 30, None);
-        assert!(s.contended);
+        assert!(s.contended && !s.alone, "without a list the container is never taken as alone");
     }
 }
