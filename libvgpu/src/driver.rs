@@ -122,14 +122,25 @@ pub fn stream_create_nonblocking() -> Option<CUstream> {
 /// Run `f` with this thread's stream-capture mode set to relaxed, restoring it afterwards: our
 /// own event calls must never invalidate a capture another thread runs in global mode.
 pub fn with_relaxed_capture<T>(f: impl FnOnce() -> T) -> T {
+    let prev = relax_capture();
+    let r = f();
+    restore_capture(prev);
+    r
+}
+
+/// Switch this thread to relaxed capture mode; returns the mode to restore (`None`: unchanged).
+pub fn relax_capture() -> Option<c_int> {
     const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
     let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    let swapped = call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode) == Some(CUDA_SUCCESS);
-    let r = f();
-    if swapped {
+    let r = call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode);
+    (r == Some(CUDA_SUCCESS)).then_some(mode)
+}
+
+/// Undo `relax_capture`.
+pub fn restore_capture(prev: Option<c_int>) {
+    if let Some(mut mode) = prev {
         call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode);
     }
-    r
 }
 
 /// A timing event in the current context.

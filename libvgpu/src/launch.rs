@@ -195,13 +195,32 @@ struct EventClocks {
     ctxs: Vec<CtxClock>,
     /// Records that failed (logged once).
     failures: u64,
+    /// The calling thread's capture mode while relaxed (`relax`), to restore (`settle`).
+    relaxed: Option<Option<std::ffi::c_int>>,
 }
 
 impl EventClocks {
+    /// Event calls run in relaxed capture mode: in the default (global) mode, another thread's
+    /// stream capture would make them fail and invalidate that capture. Switched lazily, on the
+    /// first event call of a gate step, so a launch that makes none pays nothing.
+    fn relax(&mut self) {
+        if self.relaxed.is_none() {
+            self.relaxed = Some(driver::relax_capture());
+        }
+    }
+
+    /// Back to the caller's capture mode after a gate step (if it was switched).
+    fn settle(&mut self) {
+        if let Some(prev) = self.relaxed.take() {
+            driver::restore_capture(prev);
+        }
+    }
+
     fn ctx_index(&mut self, ctx: CUcontext) -> Option<usize> {
         if let Some(i) = self.ctxs.iter().position(|c| c.ctx == ctx) {
             return Some(i);
         }
+        self.relax();
         let c = CtxClock::new(ctx)?;
         self.ctxs.push(c);
         Some(self.ctxs.len() - 1)
@@ -209,6 +228,7 @@ impl EventClocks {
 
     /// Record a timing event on `stream` (of context `ctx`).
     fn record(&mut self, ctx: usize, stream: CUstream) -> Option<Ev> {
+        self.relax();
         let c = self.ctxs.get_mut(ctx)?;
         let ev = c.event()?;
         if driver::event_record(ev, stream) == CUDA_SUCCESS {
@@ -229,6 +249,7 @@ impl Events for EventClocks {
     type Ev = Ev;
 
     fn poll(&mut self, e: Ev) -> EventState {
+        self.relax();
         let Some(c) = self.ctxs.get_mut(e.ctx) else { return EventState::Lost };
         match driver::event_query(e.ev) {
             CUDA_SUCCESS => {}
@@ -358,18 +379,19 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         let g = &mut *g;
         g.meter.contended = contended;
         g.meter.owner = owner;
-        driver::with_relaxed_capture(|| {
-            let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
-            if step == Step::Go {
-                prepared = Some(prepare(g, key, record_on, ctx));
-            }
-            step
-        })
+        let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
+        if step == Step::Go {
+            prepared = Some(prepare(g, key, record_on, ctx));
+        }
+        g.events.settle();
+        step
     });
     // A hold that ran out (MAX_HOLD_NS) lets the launch go unprepared: prepare it now.
     let prepared = prepared.unwrap_or_else(|| {
         let mut g = lock(dev);
-        driver::with_relaxed_capture(|| prepare(&mut g, key, record_on, ctx))
+        let p = prepare(&mut g, key, record_on, ctx);
+        g.events.settle();
+        p
     });
     let Some((ctx, start_ev)) = prepared else {
         COUNTERS.untracked_stream.fetch_add(1, Relaxed);
@@ -387,7 +409,8 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
 /// launch latency is not GPU time). `None`: the context cannot be timed, the launch goes untracked.
 fn prepare(g: &mut DeviceGate, key: StreamKey, record_on: CUstream, ctx: CUcontext) -> Option<(usize, Option<Ev>)> {
     let ctx = g.events.ctx_index(ctx)?;
-    let start_ev = if g.meter.wants_start_event(key) { g.events.record(ctx, record_on) } else { None };
+    let now = vgpu_core::clock::fast_now_ns();
+    let start_ev = if g.meter.wants_start_event(key, now) { g.events.record(ctx, record_on) } else { None };
     Some((ctx, start_ev))
 }
 
@@ -401,8 +424,10 @@ fn gated_after(t: Gated, result: i32) {
         }
         return;
     }
-    let ev = driver::with_relaxed_capture(|| g.events.record(t.ctx, t.record_on));
+    // A start event needs its end event; otherwise one event per `EVENT_SPACING_NS`.
+    let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on) } else { None };
     g.meter.launched(t.key, t.start_ev, ev, t.submit_ns, &mut g.events);
+    g.events.settle();
 }
 
 #[cold]
@@ -415,7 +440,8 @@ fn gated_sync() {
     let now = vgpu_core::clock::fast_now_ns();
     let mut g = lock(dev);
     let g = &mut *g;
-    driver::with_relaxed_capture(|| g.meter.synced(&mut g.events, &ps.region.bucket(dev), now));
+    g.meter.synced(&mut g.events, &ps.region.bucket(dev), now);
+    g.events.settle();
 }
 
 /// Devices this process has gated launches on, and for each the cumulative busy time (ns) and
@@ -434,7 +460,8 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
             Ok(mut g) => {
                 let g = &mut *g;
                 let now = vgpu_core::clock::now_ns();
-                driver::with_relaxed_capture(|| g.meter.poll(&mut g.events, &ps.region.bucket(dev), now));
+                g.meter.poll(&mut g.events, &ps.region.bucket(dev), now);
+                g.events.settle();
                 report(dev, Some((g.meter.charged_total_ns, g.meter.launches())));
             }
             Err(_) => report(dev, None),

@@ -148,7 +148,7 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
                 } else {
                     th.pat.kernel_ns[(th.launches % th.pat.kernel_ns.len() as u64) as usize]
                 };
-                let want_start = p.meter.wants_start_event(key);
+                let want_start = p.meter.wants_start_event(key, now);
                 let (start_ev, ev, after) = {
                     let mut g = w.borrow_mut();
                     let submit = g.now;
@@ -166,12 +166,17 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
                     g.busy_until = g.busy_until.max(kend);
                     g.stream_end.insert(key, kend);
                     g.kernels.push((start, kend));
-                    g.next_ev += 1;
-                    let ev = g.next_ev;
-                    g.events.insert(ev, kend);
+                    // Like the glue: an end event when a start event was recorded, else at
+                    // most one per EVENT_SPACING_NS per stream.
+                    let ev = (start_ev.is_some() || p.meter.wants_end_event(key, submit)).then(|| {
+                        g.next_ev += 1;
+                        let ev = g.next_ev;
+                        g.events.insert(ev, kend);
+                        ev
+                    });
                     (start_ev, ev, submit)
                 };
-                p.meter.launched(key, start_ev, Some(ev), after, &mut p.evs);
+                p.meter.launched(key, start_ev, ev, after, &mut p.evs);
                 th.launches += 1;
                 let now = w.borrow().now + th.pat.cpu_ns;
                 if th.pat.sync_every > 0 && th.launches.is_multiple_of(th.pat.sync_every) {
