@@ -103,7 +103,7 @@ fn run(rt: &'static Runtime) {
             }
             let device_util = observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
             let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
-            calibrate_charge(ps, dev, device_util.zip(cap), tenants[dev].alone, &mut nvml_means[dev], now);
+            calibrate_charge(ps, dev, device_util, cap, tenants[dev].alone, &mut nvml_means[dev], now);
             if tick.is_multiple_of(PUBLISH_EVERY * 5) {
                 follow_growth(ps, dev, nvml_handles[dev], &mut growth[dev]);
             }
@@ -145,11 +145,15 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
 /// Feed NVML's device utilization under a cap (`util_and_cap`) to the charge calibration
 /// (`limiter::calibrate`) while the container is alone on the device; each second, step the
 /// container's scale so NVML's figure settles at the cap.
-fn calibrate_charge(ps: &ProcState, dev: usize, util_and_cap: Option<(u32, u32)>, alone: bool, mean: &mut NvmlMean, now: u64) {
-    let Some((util, cap)) = util_and_cap.filter(|_| alone) else {
+fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u32>, alone: bool, mean: &mut NvmlMean, now: u64) {
+    let Some(cap) = cap.filter(|_| alone) else {
+        if mean.is_running() {
+            vgpu_core::debug!("device {dev}: charge calibration paused ({})", if alone { "no cap" } else { "another tenant" });
+        }
         mean.reset();
         return;
     };
+    let Some(util) = util else { return }; // one missed NVML reading: skip it
     let bucket = ps.region.bucket(dev);
     let Some((nvml_centi, binding)) = mean.add(util, bucket.s.holds.load(Relaxed), cap, now) else { return };
     if let Some(scale) = bucket.calibrate(Window { nvml_centi, cap, alone, binding }, now) {

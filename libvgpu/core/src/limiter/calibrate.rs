@@ -110,6 +110,11 @@ impl NvmlMean {
         Some(out)
     }
 
+    /// Readings are being collected (nothing reset it since).
+    pub fn is_running(&self) -> bool {
+        self.settled
+    }
+
     /// Forget the readings so far (the gate went off, or another tenant appeared).
     pub fn reset(&mut self) {
         *self = NvmlMean::default();

@@ -35,11 +35,13 @@ pub struct TenantSignal {
     calm_run: u8,
     idle_run: u8,
     busy_run: u8,
+    alone_run: u8,
+    foreign_run: u8,
     /// Another tenant is busy on the device: waits on our work are charged at our share.
     pub contended: bool,
     /// No other tenant is busy: the soft cap may apply.
     pub others_idle: bool,
-    /// NVML lists no compute process beyond the container's own (its latest reading): the
+    /// NVML lists no compute process beyond the container's own (three readings agreeing): the
     /// device's utilization is the container's (`calibrate`).
     pub alone: bool,
 }
@@ -47,13 +49,19 @@ pub struct TenantSignal {
 impl TenantSignal {
     pub fn update(&mut self, r: Reading) {
         let foreign = r.device_processes.is_none_or(|n| n > r.own_processes);
-        self.alone = !foreign;
         let others = if foreign { r.device_util as i64 - r.own_util as i64 } else { 0 };
         let bump = |run: &mut u8, hit: bool| *run = if hit { run.saturating_add(1) } else { 0 };
         bump(&mut self.contended_run, others >= CONTENDED_OTHERS_PCT);
         bump(&mut self.calm_run, others < CONTENDED_OTHERS_PCT);
         bump(&mut self.idle_run, others < IDLE_OTHERS_PCT);
         bump(&mut self.busy_run, others >= IDLE_OTHERS_PCT);
+        bump(&mut self.alone_run, !foreign);
+        bump(&mut self.foreign_run, foreign);
+        if self.alone_run >= TENANT_CONFIRM {
+            self.alone = true;
+        } else if self.foreign_run >= TENANT_CONFIRM {
+            self.alone = false;
+        }
         if self.contended_run >= TENANT_CONFIRM {
             self.contended = true;
         } else if self.calm_run >= TENANT_CONFIRM {
@@ -102,5 +110,16 @@ mod tests {
         let mut s = TenantSignal::default();
         feed(&mut s, 3, 90, 30, None);
         assert!(s.contended && !s.alone, "without a list the container is never taken as alone");
+    }
+
+    #[test]
+    fn one_odd_process_list_does_not_end_being_alone() {
+        let mut s = TenantSignal::default();
+        feed(&mut s, 3, 60, 50, Some(1));
+        assert!(s.alone);
+        feed(&mut s, 2, 60, 50, Some(2));
+        assert!(s.alone, "a process starting or exiting for a moment");
+        feed(&mut s, 1, 60, 50, Some(2));
+        assert!(!s.alone, "three readings agree: another tenant");
     }
 }
