@@ -13,7 +13,8 @@ usage: share.py --name NAME [--caps 25,50] [--procs N] [--fresh RUNS] -- CMD ARG
   --fresh R    instead of switching at run time, start R fresh processes per cap (each with
                CUDA_DEVICE_SM_LIMIT set) and judge every run on its own
 Env: DIST (libvgpu.so, tools/shrreg-tool), WARM (s, default 2.5), MEASURE (s, default 4),
-OUT (a JSON line per phase is appended to $OUT/share.jsonl).
+OUT (a JSON line per phase is appended to $OUT/share.jsonl), SHARE_LOGS (a directory: each
+workload's output is kept there).
 """
 import ctypes
 import json
@@ -163,6 +164,13 @@ def stop(procs):
             p.p.wait(20)
         except subprocess.TimeoutExpired:
             p.p.kill()
+    # Env SHARE_LOGS=DIR: keep each workload's output (with LIBCUDA_LOG_LEVEL=4, the hook's
+    # calibration steps and gate counters) for diagnosis.
+    if os.environ.get("SHARE_LOGS"):
+        os.makedirs(os.environ["SHARE_LOGS"], exist_ok=True)
+        for p in procs:
+            with open(os.path.join(os.environ["SHARE_LOGS"], f"{p.p.pid}.log"), "w") as f:
+                f.write("".join(p.log))
 
 
 def main():
