@@ -142,9 +142,9 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
     Some(gpu)
 }
 
-/// Feed NVML's device utilization under a cap (`util_and_cap`) to the charge calibration
-/// (`limiter::calibrate`) while the container is alone on the device; each second, step the
-/// container's scale so NVML's figure settles at the cap.
+/// Feed NVML's device utilization under a cap to the charge calibration (`limiter::calibrate`)
+/// while the container is alone on the device; each second, the container's scale moves towards
+/// NVML's busy time per measured ns.
 fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u32>, alone: bool, mean: &mut NvmlMean, now: u64) {
     let Some(cap) = cap.filter(|_| alone) else {
         if mean.is_running() {
@@ -155,9 +155,13 @@ fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u
     };
     let Some(util) = util else { return }; // one missed NVML reading: skip it
     let bucket = ps.region.bucket(dev);
-    let Some((nvml_centi, binding)) = mean.add(util, bucket.s.holds.load(Relaxed), cap, now) else { return };
-    if let Some(scale) = bucket.calibrate(Window { nvml_centi, cap, alone, binding }, now) {
-        vgpu_core::debug!("device {dev}: NVML {:.1}% under cap {cap}%: charge scale {scale}/1000", nvml_centi as f64 / 100.0);
+    let Some((nvml_centi, own_centi)) = mean.add(util, bucket.s.total_busy_ns.load(Relaxed), cap, now) else { return };
+    if let Some(scale) = bucket.calibrate(Window { nvml_centi, own_centi, cap, alone }, now) {
+        vgpu_core::debug!(
+            "device {dev}: NVML {:.1}% for {:.1}% measured under cap {cap}%: charge scale {scale}/1000",
+            nvml_centi as f64 / 100.0,
+            own_centi as f64 / 100.0
+        );
     }
 }
 

@@ -323,7 +323,6 @@ impl<E: Copy> Meter<E> {
         }
         let until = now + balance.unsigned_abs().saturating_mul(100) / cap;
         bucket.s.closed_until_ns.fetch_max(until, Relaxed);
-        bucket.s.holds.fetch_add(1, Relaxed);
         Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
     }
 

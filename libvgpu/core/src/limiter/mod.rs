@@ -58,10 +58,8 @@ pub struct SharedDeviceState {
     pub charge_scale_milli: AtomicU64,
     /// When the scale last stepped (clock::now_ns): one step a second per container.
     pub calibrated_at_ns: AtomicU64,
-    /// Launches the budget held back (cumulative): tells a binding cap from a slow program.
-    pub holds: AtomicU64,
     /// Room to grow without changing the extension layout.
-    pub reserved: [AtomicU64; 2],
+    pub reserved: [AtomicU64; 3],
 }
 
 const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);
