@@ -4,9 +4,10 @@
 NVIDIA ships `cuda.h` in the `nvidia-cuda-runtime` wheel and `nvml.h` in `nvidia-nvml-dev` on
 PyPI. This script fetches the versions matching the driver we target (cached under
 target/nvidia-headers), then:
-  * for every entry of libvgpu/src/hooks/table.rs that the headers declare, compares the number
-    of parameters and each parameter's ABI class (pointer, or integer of a size and signedness)
-    with the declaration (per-thread `_ptsz`/`_ptds` entries from the header's per-thread mode);
+  * for every entry of the one list in libvgpu/src/sys.rs (hooked and called) that the headers
+    declare, compares the number of parameters and each parameter's ABI class (pointer, integer
+    or float of a size, struct by value of the same name) with the declaration (per-thread
+    `_ptsz`/`_ptds` entries from the header's per-thread mode);
   * for every `pub const NAME` in libvgpu/src/ffi.rs and mock-libcuda/src/ffi.rs that the headers
     define, checks the value.
 Exits 1 on any mismatch. When PyPI cannot be reached it prints SKIPPED loudly and exits 0.
@@ -102,7 +103,7 @@ def classify_c_types(include, headers, types, defines=()):
     for line in run_probe(include, headers, [f'  printf("%s|%d|%zu\\n", "{t}", __builtin_classify_type(*({t} *)0), '
                                               f'sizeof({t}));' for t in types], defines):
         t, cls, size = line.split("|")
-        kind = {"5": "ptr", "1": "int", "2": "int", "3": "int", "4": "int"}.get(cls, "other")
+        kind = {"5": "ptr", "1": "int", "2": "int", "3": "int", "4": "int", "8": "float", "12": "struct"}.get(cls, "other")
         res[t] = (kind, int(size), False)
     ints = [t for t, v in res.items() if v[0] == "int"]
     for line in run_probe(include, headers, [f'  printf("%s|%d\\n", "{t}", (int)(({t})-1 < ({t})0));' for t in ints],
@@ -115,15 +116,24 @@ def classify_c_types(include, headers, types, defines=()):
 RUST_INT = {"usize": (8, False), "u64": (8, False), "cuuint64_t": (8, False), "CUdeviceptr": (8, False),
             "CUmemGenericAllocationHandle": (8, False), "c_uint": (4, False), "u32": (4, False),
             "CUdeviceptr_v1": (4, False), "c_int": (4, True), "i32": (4, True), "CUdevice": (4, True),
-            "u8": (1, False), "u16": (2, False), "CUdevice_attribute": (4, True)}
+            "u8": (1, False), "u16": (2, False), "CUdevice_attribute": (4, True),
+            "CUmem_advise": (4, True)}
 RUST_HANDLES = {"CUstream", "CUcontext", "CUfunction", "CUgraph", "CUgraphExec", "CUevent", "CUarray", "CUmemoryPool",
                 "CUmipmappedArray", "CUgreenCtx", "CUdevResourceDesc", "nvmlDevice_t", "CUgraphNode", "CUmodule"}
+
+
+RUST_FLOAT = {"f32": 4, "f64": 8}
+RUST_BY_VALUE = {"CUmemLocation": 8}  # structs passed by value: (name, size); layouts checked below
 
 
 def rust_class(t):
     t = t.strip()
     if t.startswith("*") or t in RUST_HANDLES:
         return ("ptr", 8, False)
+    if t in RUST_FLOAT:
+        return ("float", RUST_FLOAT[t], False)
+    if t in RUST_BY_VALUE:
+        return ("struct", RUST_BY_VALUE[t], False)
     if t in RUST_INT:
         size, signed = RUST_INT[t]
         return ("int", size, signed)
@@ -131,10 +141,10 @@ def rust_class(t):
 
 
 def hook_table():
-    """(lib, name, [rust param types]) for every entry of the hook table."""
-    text = open(os.path.join(ROOT, "libvgpu", "src", "hooks", "table.rs")).read()
+    """(lib, name, [rust param types]) for every entry of the one list (hooked and called)."""
+    text = open(os.path.join(ROOT, "libvgpu", "src", "sys.rs")).read()
     entries = []
-    for m in re.finditer(r"\b(Cuda|Nvml)\s+(?:policy|init|sync|launch)\b[^;]*?\bfn\s+(\w+)\s*\(([^;]*?)\)\s*(?:=>[^;]*)?;",
+    for m in re.finditer(r"\b(Cuda|Nvml)\s+(?:policy|init|sync|launch|call)\b[^;]*?\bfn\s+(\w+)\s*\(([^;]*?)\)\s*(?:=>[^;]*)?;",
                          text, re.S):
         params = [p.split(":", 1)[1].strip() for p in split_top(m.group(3)) if ":" in p]
         entries.append((m.group(1), m.group(2), params))
@@ -191,7 +201,7 @@ def main():
             continue
         cparams = decls[name]
         if len(cparams) != len(params):
-            bad.append(f"{name}: {len(params)} parameters in the hook table, {len(cparams)} in the header")
+            bad.append(f"{name}: {len(params)} parameters in sys.rs, {len(cparams)} in the header")
             continue
         for i, (rt, cp) in enumerate(zip(params, cparams)):
             ct = c_param_type(cp)
@@ -224,8 +234,8 @@ def main():
             for f, ours in consts[k]:
                 if ours != int(v) and ours != int(v) & 0xFFFFFFFF:
                     bad.append(f"{f}: {k} = {ours}, the header says {v}")
-    print(f"check-abi: cuda.h {CUDA_VERSION}, nvml.h {NVML_VERSION if nvml_inc else 'skipped'}: {checked} hooked "
-          f"signatures and {len(known)} constants checked; declared nowhere in the headers: {len(undeclared)} "
+    print(f"check-abi: cuda.h {CUDA_VERSION}, nvml.h {NVML_VERSION if nvml_inc else 'skipped'}: {checked} "
+          f"signatures of sys.rs and {len(known)} constants checked; declared nowhere in the headers: {len(undeclared)} "
           f"{' '.join(undeclared)}")
     for b in bad:
         print(f"check-abi: MISMATCH {b}")

@@ -15,7 +15,7 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
+use crate::sys::sig;
 use crate::memory::{dev_index, drain_ctx};
 use crate::runtime::{ProcState, Runtime};
 use std::ffi::{c_int, c_uint};
@@ -141,11 +141,8 @@ pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtx
     let Some(ps) = rt.proc() else { return real(pctx, dev) };
     let Some(d) = dev_index(ps, dev) else { return real(pctx, dev) };
     let undo = || {
-        if let Some(f) = crate::hooks::table::real::cuDevicePrimaryCtxRelease_v2.get() {
-            // SAFETY: the driver's own release for the reference `real` just took.
-            let f: sig::cuDevicePrimaryCtxRelease_v2 = unsafe { std::mem::transmute(f) };
-            unsafe { f(dev) };
-        }
+        // The driver's own release for the reference `real` just took.
+        driver::primary_ctx_release(dev);
         if !pctx.is_null() {
             unsafe { *pctx = std::ptr::null_mut() };
         }
@@ -207,11 +204,8 @@ unsafe fn created(rt: &'static Runtime, pctx: *mut CUcontext, dev: CUdevice, cre
         return create();
     }
     let undo = || {
-        if let Some(f) = crate::hooks::table::real::cuCtxDestroy_v2.get() {
-            // SAFETY: destroys the context the driver just created and wrote to `pctx`.
-            let f: sig::cuCtxDestroy_v2 = unsafe { std::mem::transmute(f) };
-            unsafe { f(*pctx) };
-        }
+        // SAFETY: the driver just created the context and wrote it to `pctx`.
+        driver::ctx_destroy(unsafe { *pctx });
         unsafe { *pctx = std::ptr::null_mut() };
     };
     with_context_charge(rt, ps, d, create, undo, |c, bytes| {
@@ -263,11 +257,8 @@ pub unsafe fn green_create(rt: &'static Runtime, real: sig::cuGreenCtxCreate, pc
         return real(pctx, desc, dev, flags);
     }
     let undo = || {
-        if let Some(f) = crate::hooks::table::real::cuGreenCtxDestroy.get() {
-            // SAFETY: destroys the green context the driver just created and wrote to `pctx`.
-            let f: sig::cuGreenCtxDestroy = unsafe { std::mem::transmute(f) };
-            unsafe { f(*pctx) };
-        }
+        // SAFETY: the driver just created the green context and wrote it to `pctx`.
+        driver::green_ctx_destroy(unsafe { *pctx });
         unsafe { *pctx = std::ptr::null_mut() };
     };
     with_context_charge(rt, ps, d, || real(pctx, desc, dev, flags), undo, |c, bytes| {

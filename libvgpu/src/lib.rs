@@ -24,3 +24,4 @@ pub mod nvml;
 pub mod physmem;
 pub mod real;
 pub mod runtime;
+pub mod sys;

@@ -7,7 +7,7 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
+use crate::sys::sig;
 use crate::memory::dev_index;
 use crate::runtime::Runtime;
 use std::ffi::c_uint;

@@ -18,7 +18,7 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::{real as hooked, sig};
+use crate::sys::sig;
 use crate::runtime::{Ledgers, ProcState, Runtime};
 use std::ffi::c_uint;
 use vgpu_core::ledger::{accounted_size, Allocation, Ledger};
@@ -209,10 +209,8 @@ pub unsafe fn mem_alloc(rt: &'static Runtime, real: sig::cuMemAlloc_v2, dptr: *m
 
 /// Serve an allocation the device could not hold from managed memory (oversubscription).
 unsafe fn managed_fallback(ps: &ProcState, dev: usize, dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    let Some(p) = hooked::cuMemAllocManaged.get() else { return CUDA_ERROR_OUT_OF_MEMORY };
-    let managed: sig::cuMemAllocManaged = std::mem::transmute(p);
-    let r = managed(dptr, bytesize, CU_MEM_ATTACH_GLOBAL);
-    if r != CUDA_SUCCESS {
+    let r = driver::mem_alloc_managed(&mut *dptr, bytesize, CU_MEM_ATTACH_GLOBAL);
+    if r != Some(CUDA_SUCCESS) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if let Some(cudev) = ps.device(dev).map(|d| d.handle) {
@@ -269,9 +267,24 @@ impl Word for u64 {
     }
 }
 
+/// Device pointers of the two allocation ABIs, and their real free.
+pub trait DevPtr: Word {
+    fn free_real(self);
+}
+impl DevPtr for CUdeviceptr {
+    fn free_real(self) {
+        driver::mem_free(self)
+    }
+}
+impl DevPtr for CUdeviceptr_v1 {
+    fn free_real(self) {
+        driver::mem_free_v1(self)
+    }
+}
+
 /// Pitched allocation (`cuMemAllocPitch_v2`, and the legacy 32-bit `cuMemAllocPitch`): reserve
 /// an upper estimate (pitch rounded to 512 bytes), then settle on the driver's pitch x height.
-pub unsafe fn mem_alloc_pitch<T: Word, P: Word>(rt: &'static Runtime,
+pub unsafe fn mem_alloc_pitch<T: DevPtr, P: Word>(rt: &'static Runtime,
     real: unsafe extern "C" fn(*mut T, *mut P, P, P, c_uint) -> CUresult,
     dptr: *mut T, pitch: *mut P, width: P, height: P, elem: c_uint) -> CUresult {
     let Some(ps) = rt.proc() else { return real(dptr, pitch, width, height, elem) };
@@ -288,12 +301,8 @@ pub unsafe fn mem_alloc_pitch<T: Word, P: Word>(rt: &'static Runtime,
         unreserve(ps, dev, est);
         return r;
     }
-    let free_cell = if std::mem::size_of::<T>() == 8 { &hooked::cuMemFree_v2 } else { &hooked::cuMemFree };
     settle_pitch(ps, dev, est, (*pitch).to_u64().saturating_mul(height.to_u64()), (*dptr).to_u64(), || {
-        if let Some(p) = free_cell.get() {
-            let free: unsafe extern "C" fn(T) -> CUresult = std::mem::transmute(p);
-            let _ = free(*dptr);
-        }
+        (*dptr).free_real()
     })
 }
 

@@ -23,7 +23,7 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
+use crate::sys::sig;
 use crate::memory::{dev_index, reserve, unreserve};
 use crate::runtime::{ProcState, Runtime};
 use std::collections::{BTreeMap, HashMap};
