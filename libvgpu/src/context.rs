@@ -16,7 +16,7 @@
 use crate::driver;
 use crate::ffi::*;
 use crate::sys::sig;
-use crate::memory::{dev_index, drain_ctx};
+use crate::memory::drain_ctx;
 use crate::runtime::{ProcState, Runtime};
 use std::ffi::{c_int, c_uint};
 use vgpu_core::ledger::accounted_size;
@@ -139,7 +139,7 @@ fn maybe_release_primary(ps: &ProcState, dev: usize) {
 
 pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     let Some(ps) = rt.proc() else { return real(pctx, dev) };
-    let Some(d) = dev_index(ps, dev) else { return real(pctx, dev) };
+    let Some(d) = ps.dev_index(dev) else { return real(pctx, dev) };
     let undo = || {
         // The driver's own release for the reference `real` just took.
         driver::primary_ctx_release(dev);
@@ -173,7 +173,7 @@ pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCt
         return r;
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
-    let Some(d) = dev_index(ps, dev) else { return r };
+    let Some(d) = ps.dev_index(dev) else { return r };
     {
         let mut c = ps.contexts();
         c.primary_refs[d] = c.primary_refs[d].saturating_sub(1);
@@ -188,7 +188,7 @@ pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxR
         return r;
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
-    let Some(d) = dev_index(ps, dev) else { return r };
+    let Some(d) = ps.dev_index(dev) else { return r };
     ps.contexts().primary_refs[d] = 0;
     maybe_release_primary(ps, d);
     r
@@ -199,7 +199,7 @@ pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxR
 
 unsafe fn created(rt: &'static Runtime, pctx: *mut CUcontext, dev: CUdevice, create: impl FnOnce() -> CUresult) -> CUresult {
     let Some(ps) = rt.proc() else { return create() };
-    let Some(d) = dev_index(ps, dev) else { return create() };
+    let Some(d) = ps.dev_index(dev) else { return create() };
     if pctx.is_null() {
         return create();
     }
@@ -252,7 +252,7 @@ pub unsafe fn ctx_destroy(rt: &'static Runtime, real: sig::cuCtxDestroy_v2, ctx:
 pub unsafe fn green_create(rt: &'static Runtime, real: sig::cuGreenCtxCreate, pctx: *mut CUgreenCtx, desc: CUdevResourceDesc,
     dev: CUdevice, flags: c_uint) -> CUresult {
     let Some(ps) = rt.proc() else { return real(pctx, desc, dev, flags) };
-    let Some(d) = dev_index(ps, dev) else { return real(pctx, desc, dev, flags) };
+    let Some(d) = ps.dev_index(dev) else { return real(pctx, desc, dev, flags) };
     if pctx.is_null() {
         return real(pctx, desc, dev, flags);
     }

@@ -19,10 +19,11 @@
 use crate::driver;
 use crate::ffi::*;
 use crate::sys::sig;
+use crate::physmem::{reserve, unreserve};
 use crate::runtime::{Ledgers, ProcState, Runtime};
 use std::ffi::c_uint;
 use vgpu_core::ledger::{accounted_size, Allocation, Ledger};
-use vgpu_core::region::{MemKind, ReserveError};
+use vgpu_core::region::MemKind;
 
 // ---------------------------------------------------------------------------------------------
 // Pure size math (unit-tested)
@@ -107,48 +108,8 @@ fn arrays(l: &mut Ledgers) -> &mut Ledger {
     &mut l.arrays
 }
 
-/// Index of a driver device in our tables, when it is one we control.
-/// Program device ordinal (= config/region index) of the driver's `CUdevice` `dev`; `None` for a
-/// device this process does not control.
-pub fn dev_index(ps: &ProcState, dev: CUdevice) -> Option<usize> {
-    // Fast path: the driver's handle is the ordinal.
-    if let Some(d) = usize::try_from(dev).ok().and_then(|i| ps.devices.get(i)) {
-        if d.handle == dev {
-            return Some(d.index);
-        }
-    }
-    ps.devices.iter().find(|d| d.handle == dev).map(|d| d.index)
-}
-
 fn current_index(ps: &ProcState) -> Option<usize> {
-    dev_index(ps, driver::current_device()?)
-}
-
-/// Reserve `bytes` on `dev` or say why not (one info line): `Err(CUDA_ERROR_OUT_OF_MEMORY)`.
-/// At the cap, this process's pools and graph memory give back what they keep unused first
-/// (`physmem::trim_own`), then the reservation is tried once more.
-pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
-    let mut res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
-    if matches!(res, Err(ReserveError::OverLimit { .. })) && crate::physmem::trim_own(ps, dev) {
-        res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
-    }
-    match res {
-        Ok(()) => Ok(()),
-        Err(ReserveError::OverLimit { used, limit, requested }) => {
-            vgpu_core::info!(
-                "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
-            );
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-        }
-        Err(e) => {
-            vgpu_core::warn!("{what}: {bytes} bytes on device {dev} refused: {e}");
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-        }
-    }
-}
-
-pub fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {
-    ps.region.release(ps.slot, dev, MemKind::Data, bytes);
+    ps.dev_index(driver::current_device()?)
 }
 
 fn record(ps: &ProcState, sel: Sel, key: u64, dev: usize, bytes: u64) {

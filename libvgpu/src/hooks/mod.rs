@@ -5,7 +5,9 @@
 //! * an entry of `HOOKS` (name, real, hook) used by the `dlsym` override and `cuGetProcAddress`.
 //!
 //! Modes (what the shim does around the real call):
-//! * `policy => f`: lazy init; pass-through when control is disabled, else `f(rt, real, args..)`;
+//! * `policy => f`: lazy init (`lifecycle::ensure`); pass-through when control is disabled, else
+//!   `f(rt, real, args..)`, then `lifecycle::after_call` (starts the monitor once there is a
+//!   process state);
 //! * `init`: lazy init, then the real call unchanged (e.g. `cuInit`);
 //! * `launch(stream_expr)`: `launch::before_launch(stream)`, real call, `launch::after_launch`;
 //!   nothing else on that path (no init, no lock, no clock);
@@ -54,10 +56,12 @@ macro_rules! shim {
             #[allow(unused_unsafe)]
             unsafe {
                 let f = real_fn!($lib $name);
-                match $crate::runtime::ensure() {
+                match $crate::lifecycle::ensure() {
                     Some(rt) => {
                         $crate::guard::maybe_inject(stringify!($name));
-                        $policy(rt, f, $($arg),*)
+                        let r = $policy(rt, f, $($arg),*);
+                        $crate::lifecycle::after_call(rt);
+                        r
                     }
                     None => f($($arg),*),
                 }
@@ -69,7 +73,7 @@ macro_rules! shim {
             #[allow(unused_unsafe)]
             unsafe {
                 let f = real_fn!($lib $name);
-                let _ = $crate::runtime::ensure();
+                let _ = $crate::lifecycle::ensure();
                 f($($arg),*)
             }
         })
