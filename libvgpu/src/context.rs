@@ -15,8 +15,8 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
-use crate::memory::{dev_index, drain_ctx};
+use crate::sys::sig;
+use crate::memory::drain_ctx;
 use crate::runtime::{ProcState, Runtime};
 use std::ffi::{c_int, c_uint};
 use vgpu_core::ledger::accounted_size;
@@ -139,13 +139,10 @@ fn maybe_release_primary(ps: &ProcState, dev: usize) {
 
 pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     let Some(ps) = rt.proc() else { return real(pctx, dev) };
-    let Some(d) = dev_index(ps, dev) else { return real(pctx, dev) };
+    let Some(d) = ps.dev_index(dev) else { return real(pctx, dev) };
     let undo = || {
-        if let Some(f) = crate::hooks::table::real::cuDevicePrimaryCtxRelease_v2.get() {
-            // SAFETY: the driver's own release for the reference `real` just took.
-            let f: sig::cuDevicePrimaryCtxRelease_v2 = unsafe { std::mem::transmute(f) };
-            unsafe { f(dev) };
-        }
+        // The driver's own release for the reference `real` just took.
+        driver::primary_ctx_release(dev);
         if !pctx.is_null() {
             unsafe { *pctx = std::ptr::null_mut() };
         }
@@ -176,7 +173,7 @@ pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCt
         return r;
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
-    let Some(d) = dev_index(ps, dev) else { return r };
+    let Some(d) = ps.dev_index(dev) else { return r };
     {
         let mut c = ps.contexts();
         c.primary_refs[d] = c.primary_refs[d].saturating_sub(1);
@@ -191,7 +188,7 @@ pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxR
         return r;
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
-    let Some(d) = dev_index(ps, dev) else { return r };
+    let Some(d) = ps.dev_index(dev) else { return r };
     ps.contexts().primary_refs[d] = 0;
     maybe_release_primary(ps, d);
     r
@@ -202,16 +199,13 @@ pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxR
 
 unsafe fn created(rt: &'static Runtime, pctx: *mut CUcontext, dev: CUdevice, create: impl FnOnce() -> CUresult) -> CUresult {
     let Some(ps) = rt.proc() else { return create() };
-    let Some(d) = dev_index(ps, dev) else { return create() };
+    let Some(d) = ps.dev_index(dev) else { return create() };
     if pctx.is_null() {
         return create();
     }
     let undo = || {
-        if let Some(f) = crate::hooks::table::real::cuCtxDestroy_v2.get() {
-            // SAFETY: destroys the context the driver just created and wrote to `pctx`.
-            let f: sig::cuCtxDestroy_v2 = unsafe { std::mem::transmute(f) };
-            unsafe { f(*pctx) };
-        }
+        // SAFETY: the driver just created the context and wrote it to `pctx`.
+        driver::ctx_destroy(unsafe { *pctx });
         unsafe { *pctx = std::ptr::null_mut() };
     };
     with_context_charge(rt, ps, d, create, undo, |c, bytes| {
@@ -258,16 +252,13 @@ pub unsafe fn ctx_destroy(rt: &'static Runtime, real: sig::cuCtxDestroy_v2, ctx:
 pub unsafe fn green_create(rt: &'static Runtime, real: sig::cuGreenCtxCreate, pctx: *mut CUgreenCtx, desc: CUdevResourceDesc,
     dev: CUdevice, flags: c_uint) -> CUresult {
     let Some(ps) = rt.proc() else { return real(pctx, desc, dev, flags) };
-    let Some(d) = dev_index(ps, dev) else { return real(pctx, desc, dev, flags) };
+    let Some(d) = ps.dev_index(dev) else { return real(pctx, desc, dev, flags) };
     if pctx.is_null() {
         return real(pctx, desc, dev, flags);
     }
     let undo = || {
-        if let Some(f) = crate::hooks::table::real::cuGreenCtxDestroy.get() {
-            // SAFETY: destroys the green context the driver just created and wrote to `pctx`.
-            let f: sig::cuGreenCtxDestroy = unsafe { std::mem::transmute(f) };
-            unsafe { f(*pctx) };
-        }
+        // SAFETY: the driver just created the green context and wrote it to `pctx`.
+        driver::green_ctx_destroy(unsafe { *pctx });
         unsafe { *pctx = std::ptr::null_mut() };
     };
     with_context_charge(rt, ps, d, || real(pctx, desc, dev, flags), undo, |c, bytes| {

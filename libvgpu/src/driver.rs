@@ -1,96 +1,63 @@
-//! Typed access to real driver/NVML functions the policies need but do not hook (queries), plus
-//! convenience wrappers over hooked ones' real implementations. Never goes through our shims.
-#![allow(non_upper_case_globals)]
+//! Safe wrappers over the real driver/NVML functions the policies call: queries they do not
+//! hook, and hooked ones' real implementations. Every call goes through a typed slot of `sys`
+//! (the one list); never through our shims.
 // Handles (`CUstream`, `nvmlDevice_t`) are opaque values handed to the driver, never dereferenced.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use crate::ffi::*;
-use crate::hooks::table::{real as hooked, sig};
-use crate::real::{Lib, RealFn};
+use crate::sys::real;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-static cuDeviceGetCount: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetCount");
-static cuDeviceGet: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGet");
-static cuDeviceGetUuid_v2: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetUuid_v2");
-static cuDeviceGetUuid: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetUuid");
-static cuDeviceGetAttribute: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetAttribute");
-static cuCtxGetDevice: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetDevice");
-static cuStreamGetDevice: RealFn = RealFn::new(Lib::Cuda, c"cuStreamGetDevice");
-static cuMemAdvise_v2: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise_v2");
-static cuMemAdvise: RealFn = RealFn::new(Lib::Cuda, c"cuMemAdvise");
-static cuCtxGetCurrent: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetCurrent");
-static cuStreamGetCtx: RealFn = RealFn::new(Lib::Cuda, c"cuStreamGetCtx");
-static cuStreamCreate: RealFn = RealFn::new(Lib::Cuda, c"cuStreamCreate");
-static cuThreadExchangeStreamCaptureMode: RealFn = RealFn::new(Lib::Cuda, c"cuThreadExchangeStreamCaptureMode");
-static cuEventCreate: RealFn = RealFn::new(Lib::Cuda, c"cuEventCreate");
-static cuEventRecord: RealFn = RealFn::new(Lib::Cuda, c"cuEventRecord");
-static cuEventQuery: RealFn = RealFn::new(Lib::Cuda, c"cuEventQuery");
-static cuEventElapsedTime: RealFn = RealFn::new(Lib::Cuda, c"cuEventElapsedTime");
-static cuCtxGetDevice_v2: RealFn = RealFn::new(Lib::Cuda, c"cuCtxGetDevice_v2");
-static cuCtxPushCurrent_v2: RealFn = RealFn::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
-static cuCtxPopCurrent_v2: RealFn = RealFn::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
-static cuStreamIsCapturing: RealFn = RealFn::new(Lib::Cuda, c"cuStreamIsCapturing");
-static cuMemPoolGetAttribute: RealFn = RealFn::new(Lib::Cuda, c"cuMemPoolGetAttribute");
-static cuDeviceGetGraphMemAttribute: RealFn = RealFn::new(Lib::Cuda, c"cuDeviceGetGraphMemAttribute");
-static cuCtxFromGreenCtx: RealFn = RealFn::new(Lib::Cuda, c"cuCtxFromGreenCtx");
-
-static nvmlInit_v2: RealFn = RealFn::new(Lib::Nvml, c"nvmlInit_v2");
-static nvmlDeviceGetHandleByUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
-static nvmlDeviceGetUUID: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUUID");
-static nvmlDeviceGetIndex: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetIndex");
-static nvmlDeviceGetUtilizationRates: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetUtilizationRates");
-static nvmlDeviceGetProcessUtilization: RealFn = RealFn::new(Lib::Nvml, c"nvmlDeviceGetProcessUtilization");
-
+/// Call the real `$name` through its typed slot: `None` when the library does not export it.
 macro_rules! call {
-    ($cell:expr, fn($($t:ty),*) -> $r:ty, $($a:expr),*) => {{
-        match $cell.get() {
-            // SAFETY: the symbol has exactly this C signature (checked against the 13.0 headers).
-            Some(p) => Some(unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> $r>(p)($($a),*) }),
+    ($name:ident($($a:expr),* $(,)?)) => {
+        match real::$name.get() {
+            // SAFETY: the slot's signature is the symbol's (sys.rs, checked by ci/check-abi.py);
+            // every wrapper below passes valid out pointers and handles the driver gave us.
+            Some(f) => Some(unsafe { f($($a),*) }),
             None => None,
         }
-    }};
+    };
 }
 
 /// Number of devices the driver shows this process (after CUDA_VISIBLE_DEVICES); `None` when the
 /// driver is not initialized or absent.
 pub fn device_count() -> Option<usize> {
     let mut n: c_int = 0;
-    let r = call!(cuDeviceGetCount, fn(*mut c_int) -> CUresult, &mut n)?;
+    let r = call!(cuDeviceGetCount(&mut n))?;
     (r == CUDA_SUCCESS && n >= 0).then_some(n as usize)
 }
 
 pub fn device_get(ordinal: usize) -> Option<CUdevice> {
     let mut d: CUdevice = 0;
-    let r = call!(cuDeviceGet, fn(*mut CUdevice, c_int) -> CUresult, &mut d, ordinal as c_int)?;
+    let r = call!(cuDeviceGet(&mut d, ordinal as c_int))?;
     (r == CUDA_SUCCESS).then_some(d)
 }
 
 pub fn device_uuid(dev: CUdevice) -> Option<CUuuid> {
     let mut u = CUuuid::default();
-    let r = call!(cuDeviceGetUuid_v2, fn(*mut CUuuid, CUdevice) -> CUresult, &mut u, dev)
-        .or_else(|| call!(cuDeviceGetUuid, fn(*mut CUuuid, CUdevice) -> CUresult, &mut u, dev))?;
+    let r = call!(cuDeviceGetUuid_v2(&mut u, dev))
+        .or_else(|| call!(cuDeviceGetUuid(&mut u, dev)))?;
     (r == CUDA_SUCCESS).then_some(u)
 }
 
 /// Physical memory of `dev` (the real `cuDeviceTotalMem_v2`).
 pub fn device_total_mem(dev: CUdevice) -> Option<u64> {
-    let f: sig::cuDeviceTotalMem_v2 = unsafe { std::mem::transmute(hooked::cuDeviceTotalMem_v2.get()?) };
     let mut b: usize = 0;
-    // SAFETY: valid out pointer.
-    let r = unsafe { f(&mut b, dev) };
+    let r = call!(cuDeviceTotalMem_v2(&mut b, dev))?;
     (r == CUDA_SUCCESS).then_some(b as u64)
 }
 
 pub fn device_attribute(attr: CUdevice_attribute, dev: CUdevice) -> Option<c_int> {
     let mut v: c_int = 0;
-    let r = call!(cuDeviceGetAttribute, fn(*mut c_int, CUdevice_attribute, CUdevice) -> CUresult, &mut v, attr, dev)?;
+    let r = call!(cuDeviceGetAttribute(&mut v, attr, dev))?;
     (r == CUDA_SUCCESS).then_some(v)
 }
 
 /// Device of the calling thread's current context.
 pub fn current_device() -> Option<CUdevice> {
     let mut d: CUdevice = 0;
-    let r = call!(cuCtxGetDevice, fn(*mut CUdevice) -> CUresult, &mut d)?;
+    let r = call!(cuCtxGetDevice(&mut d))?;
     (r == CUDA_SUCCESS).then_some(d)
 }
 
@@ -98,7 +65,7 @@ pub fn current_device() -> Option<CUdevice> {
 #[inline]
 pub fn current_context() -> u64 {
     let mut c: CUcontext = std::ptr::null_mut();
-    match call!(cuCtxGetCurrent, fn(*mut CUcontext) -> CUresult, &mut c) {
+    match call!(cuCtxGetCurrent(&mut c)) {
         Some(CUDA_SUCCESS) => c as u64,
         _ => 0,
     }
@@ -107,7 +74,7 @@ pub fn current_context() -> u64 {
 /// Context of an explicitly created stream.
 pub fn stream_context(stream: CUstream) -> Option<CUcontext> {
     let mut c: CUcontext = std::ptr::null_mut();
-    let r = call!(cuStreamGetCtx, fn(CUstream, *mut CUcontext) -> CUresult, stream, &mut c)?;
+    let r = call!(cuStreamGetCtx(stream, &mut c))?;
     (r == CUDA_SUCCESS && !c.is_null()).then_some(c)
 }
 
@@ -115,7 +82,7 @@ pub fn stream_context(stream: CUstream) -> Option<CUcontext> {
 pub fn stream_create_nonblocking() -> Option<CUstream> {
     const CU_STREAM_NON_BLOCKING: c_uint = 1;
     let mut s: CUstream = std::ptr::null_mut();
-    let r = call!(cuStreamCreate, fn(*mut CUstream, c_uint) -> CUresult, &mut s, CU_STREAM_NON_BLOCKING)?;
+    let r = call!(cuStreamCreate(&mut s, CU_STREAM_NON_BLOCKING))?;
     (r == CUDA_SUCCESS).then_some(s)
 }
 
@@ -132,36 +99,36 @@ pub fn with_relaxed_capture<T>(f: impl FnOnce() -> T) -> T {
 pub fn relax_capture() -> Option<c_int> {
     const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
     let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    let r = call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode);
+    let r = call!(cuThreadExchangeStreamCaptureMode(&mut mode));
     (r == Some(CUDA_SUCCESS)).then_some(mode)
 }
 
 /// Undo `relax_capture`.
 pub fn restore_capture(prev: Option<c_int>) {
     if let Some(mut mode) = prev {
-        call!(cuThreadExchangeStreamCaptureMode, fn(*mut c_int) -> CUresult, &mut mode);
+        call!(cuThreadExchangeStreamCaptureMode(&mut mode));
     }
 }
 
 /// A timing event in the current context.
 pub fn event_create_timed() -> Option<CUevent> {
     let mut e: CUevent = std::ptr::null_mut();
-    let r = call!(cuEventCreate, fn(*mut CUevent, c_uint) -> CUresult, &mut e, 0)?;
+    let r = call!(cuEventCreate(&mut e, 0))?;
     (r == CUDA_SUCCESS).then_some(e)
 }
 
 pub fn event_record(ev: CUevent, stream: CUstream) -> CUresult {
-    call!(cuEventRecord, fn(CUevent, CUstream) -> CUresult, ev, stream).unwrap_or(CUDA_ERROR_NOT_FOUND)
+    call!(cuEventRecord(ev, stream)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
 pub fn event_query(ev: CUevent) -> CUresult {
-    call!(cuEventQuery, fn(CUevent) -> CUresult, ev).unwrap_or(CUDA_ERROR_NOT_FOUND)
+    call!(cuEventQuery(ev)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
 /// Milliseconds from `start` to `end` (both completed timing events of one context).
 pub fn event_elapsed_ms(start: CUevent, end: CUevent) -> Option<f32> {
     let mut ms: f32 = 0.0;
-    let r = call!(cuEventElapsedTime, fn(*mut f32, CUevent, CUevent) -> CUresult, &mut ms, start, end)?;
+    let r = call!(cuEventElapsedTime(&mut ms, start, end))?;
     (r == CUDA_SUCCESS).then_some(ms)
 }
 
@@ -172,11 +139,11 @@ pub fn event_elapsed_ms(start: CUevent, end: CUevent) -> Option<f32> {
 /// device.
 pub fn stream_device(stream: CUstream, known: impl Fn(CUcontext) -> Option<CUdevice>) -> Option<CUdevice> {
     let mut d: CUdevice = 0;
-    if call!(cuStreamGetDevice, fn(CUstream, *mut CUdevice) -> CUresult, stream, &mut d) == Some(CUDA_SUCCESS) {
+    if call!(cuStreamGetDevice(stream, &mut d)) == Some(CUDA_SUCCESS) {
         return Some(d);
     }
     let mut ctx: CUcontext = std::ptr::null_mut();
-    if call!(cuStreamGetCtx, fn(CUstream, *mut CUcontext) -> CUresult, stream, &mut ctx) == Some(CUDA_SUCCESS) && !ctx.is_null() {
+    if call!(cuStreamGetCtx(stream, &mut ctx)) == Some(CUDA_SUCCESS) && !ctx.is_null() {
         if let Some(d) = known(ctx).or_else(|| context_device(ctx)) {
             return Some(d);
         }
@@ -187,24 +154,24 @@ pub fn stream_device(stream: CUstream, known: impl Fn(CUcontext) -> Option<CUdev
 /// Device of context `ctx` (not necessarily current).
 pub fn context_device(ctx: CUcontext) -> Option<CUdevice> {
     let mut d: CUdevice = 0;
-    match call!(cuCtxGetDevice_v2, fn(*mut CUdevice, CUcontext) -> CUresult, &mut d, ctx) {
+    match call!(cuCtxGetDevice_v2(&mut d, ctx)) {
         Some(CUDA_SUCCESS) => return Some(d),
         Some(_) => return None,
         None => {}
     }
-    if call!(cuCtxPushCurrent_v2, fn(CUcontext) -> CUresult, ctx) != Some(CUDA_SUCCESS) {
+    if call!(cuCtxPushCurrent_v2(ctx)) != Some(CUDA_SUCCESS) {
         return None;
     }
     let dev = current_device();
     let mut popped: CUcontext = std::ptr::null_mut();
-    let _ = call!(cuCtxPopCurrent_v2, fn(*mut CUcontext) -> CUresult, &mut popped);
+    let _ = call!(cuCtxPopCurrent_v2(&mut popped));
     dev
 }
 
 /// Whether `stream` is capturing into a graph (work on it becomes graph nodes).
 pub fn stream_capturing(stream: CUstream) -> bool {
     let mut st: c_int = 0;
-    call!(cuStreamIsCapturing, fn(CUstream, *mut c_int) -> CUresult, stream, &mut st) == Some(CUDA_SUCCESS) && st != 0
+    call!(cuStreamIsCapturing(stream, &mut st)) == Some(CUDA_SUCCESS) && st != 0
 }
 
 /// A 64-bit attribute of a memory pool.
@@ -212,7 +179,7 @@ pub fn pool_attr(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
     let mut v: u64 = 0;
     // Relaxed: a free may come from inside the caller's stream capture.
     let r = with_relaxed_capture(|| {
-        call!(cuMemPoolGetAttribute, fn(CUmemoryPool, c_int, *mut c_void) -> CUresult, pool, attr, &mut v as *mut u64 as *mut c_void)
+        call!(cuMemPoolGetAttribute(pool, attr, &mut v as *mut u64 as *mut c_void))
     })?;
     (r == CUDA_SUCCESS).then_some(v)
 }
@@ -224,63 +191,78 @@ pub fn pool_reserved(pool: CUmemoryPool) -> Option<u64> {
 
 /// The current pool of `dev` (where `cuMemAllocAsync` allocates), via the real function.
 pub fn device_mem_pool(dev: CUdevice) -> Option<CUmemoryPool> {
-    let f: sig::cuDeviceGetMemPool = unsafe { std::mem::transmute(hooked::cuDeviceGetMemPool.get()?) };
     let mut p: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: valid out pointer.
-    let r = unsafe { f(&mut p, dev) };
+    let r = call!(cuDeviceGetMemPool(&mut p, dev))?;
     (r == CUDA_SUCCESS && !p.is_null()).then_some(p)
 }
 
 /// Give a pool's unused memory back (the real `cuMemPoolTrimTo`).
 pub fn pool_trim(pool: CUmemoryPool, keep: usize) {
-    if let Some(p) = hooked::cuMemPoolTrimTo.get() {
-        let f: sig::cuMemPoolTrimTo = unsafe { std::mem::transmute(p) };
-        // SAFETY: a pool handle the driver gave this process.
-        unsafe { f(pool, keep) };
-    }
+    call!(cuMemPoolTrimTo(pool, keep));
 }
 
 /// Graph memory reserved on `dev` (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
 pub fn graph_mem_reserved(dev: CUdevice) -> Option<u64> {
     let mut v: u64 = 0;
-    let r = call!(cuDeviceGetGraphMemAttribute, fn(CUdevice, c_int, *mut c_void) -> CUresult,
-        dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut v as *mut u64 as *mut c_void)?;
+    let r = call!(cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut v as *mut u64 as *mut c_void))?;
     (r == CUDA_SUCCESS).then_some(v)
 }
 
 /// Give unused graph memory of `dev` back (the real `cuDeviceGraphMemTrim`).
 pub fn graph_mem_trim(dev: CUdevice) {
-    if let Some(p) = hooked::cuDeviceGraphMemTrim.get() {
-        let f: sig::cuDeviceGraphMemTrim = unsafe { std::mem::transmute(p) };
-        // SAFETY: a device of this process.
-        unsafe { f(dev) };
-    }
+    call!(cuDeviceGraphMemTrim(dev));
 }
 
 /// The context of a green context.
 pub fn green_ctx_context(g: CUgreenCtx) -> Option<CUcontext> {
     let mut c: CUcontext = std::ptr::null_mut();
-    let r = call!(cuCtxFromGreenCtx, fn(*mut CUcontext, CUgreenCtx) -> CUresult, &mut c, g)?;
+    let r = call!(cuCtxFromGreenCtx(&mut c, g))?;
     (r == CUDA_SUCCESS && !c.is_null()).then_some(c)
 }
 
 /// Free/total of the current context's device from the real `cuMemGetInfo_v2`.
 pub fn mem_get_info() -> Option<(u64, u64)> {
-    let f: sig::cuMemGetInfo_v2 = unsafe { std::mem::transmute(hooked::cuMemGetInfo_v2.get()?) };
     let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: valid out pointers.
-    let r = unsafe { f(&mut free, &mut total) };
+    let r = call!(cuMemGetInfo_v2(&mut free, &mut total))?;
     (r == CUDA_SUCCESS).then_some((free as u64, total as u64))
 }
 
 /// Advise the driver that managed memory `[ptr, ptr+len)` prefers device `dev`.
 pub fn advise_preferred_device(ptr: CUdeviceptr, len: usize, dev: CUdevice) -> bool {
     let loc = CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
-    let r = call!(cuMemAdvise_v2, fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation) -> CUresult,
-        ptr, len, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc)
-    .or_else(|| call!(cuMemAdvise, fn(CUdeviceptr, usize, CUmem_advise, CUdevice) -> CUresult,
-        ptr, len, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, dev));
+    let r = call!(cuMemAdvise_v2(ptr, len, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc))
+    .or_else(|| call!(cuMemAdvise(ptr, len, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, dev)));
     r == Some(CUDA_SUCCESS)
+}
+
+/// Drop the primary-context reference just taken on `dev` (the real `cuDevicePrimaryCtxRelease_v2`).
+pub fn primary_ctx_release(dev: CUdevice) {
+    call!(cuDevicePrimaryCtxRelease_v2(dev));
+}
+
+/// Destroy a context this process just created (the real `cuCtxDestroy_v2`).
+pub fn ctx_destroy(ctx: CUcontext) {
+    call!(cuCtxDestroy_v2(ctx));
+}
+
+/// Destroy a green context this process just created (the real `cuGreenCtxDestroy`).
+pub fn green_ctx_destroy(ctx: CUgreenCtx) {
+    call!(cuGreenCtxDestroy(ctx));
+}
+
+/// Managed memory (the real `cuMemAllocManaged`); `None` when the driver does not export it.
+pub fn mem_alloc_managed(dptr: &mut CUdeviceptr, bytes: usize, flags: c_uint) -> Option<CUresult> {
+    call!(cuMemAllocManaged(dptr, bytes, flags))
+}
+
+/// Free a `cuMemAlloc_v2` allocation (the real `cuMemFree_v2`).
+pub fn mem_free(ptr: CUdeviceptr) {
+    call!(cuMemFree_v2(ptr));
+}
+
+/// Free a legacy 32-bit `cuMemAlloc` allocation (the real `cuMemFree`).
+pub fn mem_free_v1(ptr: CUdeviceptr_v1) {
+    call!(cuMemFree(ptr));
 }
 
 /// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's spelling of a CUDA UUID).
@@ -310,7 +292,7 @@ pub fn nvml_ready() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let ok = call!(nvmlInit_v2, fn() -> nvmlReturn_t,) == Some(NVML_SUCCESS);
+            let ok = call!(nvmlInit_v2()) == Some(NVML_SUCCESS);
             STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
             ok
         }
@@ -323,52 +305,28 @@ pub fn nvml_handle_by_uuid(uuid: &str) -> Option<nvmlDevice_t> {
     }
     let c = std::ffi::CString::new(uuid).ok()?;
     let mut h: nvmlDevice_t = std::ptr::null_mut();
-    let r = call!(nvmlDeviceGetHandleByUUID, fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t, c.as_ptr(), &mut h)?;
+    let r = call!(nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut h))?;
     (r == NVML_SUCCESS && !h.is_null()).then_some(h)
-}
-
-/// `nvmlUtilization_t`.
-#[repr(C)]
-#[derive(Default)]
-struct NvmlUtilization {
-    gpu: c_uint,
-    memory: c_uint,
 }
 
 /// Percent of NVML's last sample period during which a kernel ran on the device (any tenant).
 pub fn nvml_gpu_util(h: nvmlDevice_t) -> Option<u32> {
-    let mut u = NvmlUtilization::default();
-    let r = call!(nvmlDeviceGetUtilizationRates, fn(nvmlDevice_t, *mut NvmlUtilization) -> nvmlReturn_t, h, &mut u)?;
+    let mut u = nvmlUtilization_t::default();
+    let r = call!(nvmlDeviceGetUtilizationRates(h, &mut u))?;
     (r == NVML_SUCCESS).then_some(u.gpu)
-}
-
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct NvmlProcessUtilizationSample {
-    pid: c_uint,
-    time_stamp: u64,
-    sm_util: c_uint,
-    mem_util: c_uint,
-    enc_util: c_uint,
-    dec_util: c_uint,
 }
 
 /// Highest SM utilization NVML sampled for host process `pid` since `since_us` (NVML's
 /// microsecond timestamps); `None` when NVML has no sample of it (or no NVML).
 pub fn nvml_process_sm_util(h: nvmlDevice_t, pid: u32, since_us: u64) -> Option<u32> {
     let mut n: c_uint = 0;
-    let probe = call!(nvmlDeviceGetProcessUtilization,
-        fn(nvmlDevice_t, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> nvmlReturn_t,
-        h, std::ptr::null_mut(), &mut n, since_us)?;
+    let probe = call!(nvmlDeviceGetProcessUtilization(h, std::ptr::null_mut(), &mut n, since_us))?;
     if probe != NVML_ERROR_INSUFFICIENT_SIZE || n == 0 {
         return None;
     }
-    let mut v = vec![NvmlProcessUtilizationSample::default(); n as usize + 4];
+    let mut v = vec![nvmlProcessUtilizationSample_t::default(); n as usize + 4];
     let mut n = v.len() as c_uint;
-    let r = call!(nvmlDeviceGetProcessUtilization,
-        fn(nvmlDevice_t, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> nvmlReturn_t,
-        h, v.as_mut_ptr(), &mut n, since_us)?;
+    let r = call!(nvmlDeviceGetProcessUtilization(h, v.as_mut_ptr(), &mut n, since_us))?;
     if r != NVML_SUCCESS {
         return None;
     }
@@ -377,17 +335,14 @@ pub fn nvml_process_sm_util(h: nvmlDevice_t, pid: u32, since_us: u64) -> Option<
 
 /// Device memory used as NVML reports it (the real `nvmlDeviceGetMemoryInfo`).
 pub fn nvml_used(h: nvmlDevice_t) -> Option<u64> {
-    let f: sig::nvmlDeviceGetMemoryInfo = unsafe { std::mem::transmute(hooked::nvmlDeviceGetMemoryInfo.get()?) };
     let mut m = nvmlMemory_t::default();
-    // SAFETY: valid handle from NVML and out pointer.
-    let r = unsafe { f(h, &mut m) };
+    let r = call!(nvmlDeviceGetMemoryInfo(h, &mut m))?;
     (r == NVML_SUCCESS).then_some(m.used)
 }
 
 pub fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
     let mut buf = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    let r = call!(nvmlDeviceGetUUID, fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t,
-        h, buf.as_mut_ptr(), buf.len() as c_uint)?;
+    let r = call!(nvmlDeviceGetUUID(h, buf.as_mut_ptr(), buf.len() as c_uint))?;
     if r != NVML_SUCCESS {
         return None;
     }
@@ -399,7 +354,7 @@ pub fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
 
 pub fn nvml_index(h: nvmlDevice_t) -> Option<u32> {
     let mut i: c_uint = 0;
-    let r = call!(nvmlDeviceGetIndex, fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t, h, &mut i)?;
+    let r = call!(nvmlDeviceGetIndex(h, &mut i))?;
     (r == NVML_SUCCESS).then_some(i)
 }
 
@@ -413,8 +368,7 @@ pub fn nvml_process_used(h: nvmlDevice_t, pid: u32) -> Option<u64> {
 
 /// The compute processes host NVML lists on a device (every tenant's), `None` when it cannot say.
 pub fn nvml_compute_processes(h: nvmlDevice_t) -> Option<Vec<nvmlProcessInfo_t>> {
-    let f: sig::nvmlDeviceGetComputeRunningProcesses_v3 =
-        unsafe { std::mem::transmute(hooked::nvmlDeviceGetComputeRunningProcesses_v3.get()?) };
+    let f = real::nvmlDeviceGetComputeRunningProcesses_v3.get()?;
     let mut cap = 64usize;
     while cap <= 4096 {
         let mut buf = vec![nvmlProcessInfo_t::default(); cap];

@@ -225,6 +225,26 @@ pub struct nvmlProcessInfo_t {
     pub compute_instance_id: c_uint,
 }
 
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct nvmlUtilization_t {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct nvmlProcessUtilizationSample_t {
+    pub pid: c_uint,
+    pub time_stamp: u64,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
 

@@ -1,10 +1,14 @@
-//! libvgpu.so: the LD_PRELOAD hook. Thin FFI shims over `vgpu-core` policy.
+//! libvgpu.so: the LD_PRELOAD hook. Thin FFI shims over `vgpu-core` policy, in layers (each uses
+//! only the ones below it; `tests/layers.rs` checks, docs/design.md "Layers" draws them):
 //!
-//! * `hooks`: the one hook table (`hooks/table.rs`), the `dlsym` override, `cuGetProcAddress`.
-//! * `runtime`: lazy init (config, region, slot, devices, ledgers), fork handling; `runtime::get()`
-//!   is the entry point for the launch gate and the monitor.
-//! * `memory`, `physmem`, `context`, `meminfo`, `nvml`: the policies the table points at.
-//! * `launch`: the compute limiter glue (lead-owned).
+//! * `ffi`: C types and constants; `guard`: the panic guard; `real`: symbol resolution, typed slots.
+//! * `sys`: the one list of every driver/NVML entry hooked or called, generating typed slots.
+//! * `driver`: safe wrappers over the slots.
+//! * `runtime`: per-process state (config, region, slot, devices, ledgers), lazily initialized.
+//! * `caps` → `launch` → `monitor`: the compute limiter (lead-owned);
+//!   `physmem` → `memory` → `context`, `meminfo`, `nvml`: the policies the hooks point at.
+//! * `lifecycle`: init, the fork step, starting the monitor.
+//! * `hooks`: the shims generated from the list, the `dlsym` override, `cuGetProcAddress`.
 
 // Policy functions are `unsafe fn`s called only by the generated shims with the C caller's
 // arguments: their safety contract is the CUDA/NVML API's own (valid pointers or NULL).
@@ -17,6 +21,7 @@ pub mod ffi;
 pub mod guard;
 pub mod hooks;
 mod launch;
+pub mod lifecycle;
 pub mod meminfo;
 pub mod memory;
 mod monitor;
@@ -24,3 +29,4 @@ pub mod nvml;
 pub mod physmem;
 pub mod real;
 pub mod runtime;
+pub mod sys;

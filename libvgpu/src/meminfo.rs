@@ -7,8 +7,7 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
-use crate::memory::dev_index;
+use crate::sys::sig;
 use crate::runtime::Runtime;
 use std::ffi::c_uint;
 
@@ -22,7 +21,7 @@ pub fn virtual_info(phys_free: u64, phys_total: u64, cap: u64, used: u64) -> (u6
 /// Virtualized (free, total) of the current device, or `None` to leave the driver's answer.
 fn current_virtual(rt: &Runtime, phys_free: u64, phys_total: u64) -> Option<(u64, u64)> {
     let ps = rt.proc()?;
-    let dev = dev_index(ps, driver::current_device()?)?;
+    let dev = ps.dev_index(driver::current_device()?)?;
     let cap = ps.limit(dev)?;
     Some(virtual_info(phys_free, phys_total, cap, ps.container_used(dev)))
 }
@@ -55,7 +54,7 @@ pub unsafe fn mem_get_info_v1(rt: &'static Runtime, real: sig::cuMemGetInfo, fre
 
 fn capped_total(rt: &Runtime, dev: CUdevice, phys: u64) -> Option<u64> {
     let ps = rt.proc()?;
-    let d = dev_index(ps, dev)?;
+    let d = ps.dev_index(dev)?;
     Some(ps.limit(d)?.min(phys))
 }
 

@@ -18,11 +18,12 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::{real as hooked, sig};
+use crate::sys::sig;
+use crate::physmem::{reserve, unreserve};
 use crate::runtime::{Ledgers, ProcState, Runtime};
 use std::ffi::c_uint;
 use vgpu_core::ledger::{accounted_size, Allocation, Ledger};
-use vgpu_core::region::{MemKind, ReserveError};
+use vgpu_core::region::MemKind;
 
 // ---------------------------------------------------------------------------------------------
 // Pure size math (unit-tested)
@@ -107,48 +108,8 @@ fn arrays(l: &mut Ledgers) -> &mut Ledger {
     &mut l.arrays
 }
 
-/// Index of a driver device in our tables, when it is one we control.
-/// Program device ordinal (= config/region index) of the driver's `CUdevice` `dev`; `None` for a
-/// device this process does not control.
-pub fn dev_index(ps: &ProcState, dev: CUdevice) -> Option<usize> {
-    // Fast path: the driver's handle is the ordinal.
-    if let Some(d) = usize::try_from(dev).ok().and_then(|i| ps.devices.get(i)) {
-        if d.handle == dev {
-            return Some(d.index);
-        }
-    }
-    ps.devices.iter().find(|d| d.handle == dev).map(|d| d.index)
-}
-
 fn current_index(ps: &ProcState) -> Option<usize> {
-    dev_index(ps, driver::current_device()?)
-}
-
-/// Reserve `bytes` on `dev` or say why not (one info line): `Err(CUDA_ERROR_OUT_OF_MEMORY)`.
-/// At the cap, this process's pools and graph memory give back what they keep unused first
-/// (`physmem::trim_own`), then the reservation is tried once more.
-pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
-    let mut res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
-    if matches!(res, Err(ReserveError::OverLimit { .. })) && crate::physmem::trim_own(ps, dev) {
-        res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
-    }
-    match res {
-        Ok(()) => Ok(()),
-        Err(ReserveError::OverLimit { used, limit, requested }) => {
-            vgpu_core::info!(
-                "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
-            );
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-        }
-        Err(e) => {
-            vgpu_core::warn!("{what}: {bytes} bytes on device {dev} refused: {e}");
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-        }
-    }
-}
-
-pub fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {
-    ps.region.release(ps.slot, dev, MemKind::Data, bytes);
+    ps.dev_index(driver::current_device()?)
 }
 
 fn record(ps: &ProcState, sel: Sel, key: u64, dev: usize, bytes: u64) {
@@ -209,10 +170,8 @@ pub unsafe fn mem_alloc(rt: &'static Runtime, real: sig::cuMemAlloc_v2, dptr: *m
 
 /// Serve an allocation the device could not hold from managed memory (oversubscription).
 unsafe fn managed_fallback(ps: &ProcState, dev: usize, dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    let Some(p) = hooked::cuMemAllocManaged.get() else { return CUDA_ERROR_OUT_OF_MEMORY };
-    let managed: sig::cuMemAllocManaged = std::mem::transmute(p);
-    let r = managed(dptr, bytesize, CU_MEM_ATTACH_GLOBAL);
-    if r != CUDA_SUCCESS {
+    let r = driver::mem_alloc_managed(&mut *dptr, bytesize, CU_MEM_ATTACH_GLOBAL);
+    if r != Some(CUDA_SUCCESS) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if let Some(cudev) = ps.device(dev).map(|d| d.handle) {
@@ -269,9 +228,24 @@ impl Word for u64 {
     }
 }
 
+/// Device pointers of the two allocation ABIs, and their real free.
+pub trait DevPtr: Word {
+    fn free_real(self);
+}
+impl DevPtr for CUdeviceptr {
+    fn free_real(self) {
+        driver::mem_free(self)
+    }
+}
+impl DevPtr for CUdeviceptr_v1 {
+    fn free_real(self) {
+        driver::mem_free_v1(self)
+    }
+}
+
 /// Pitched allocation (`cuMemAllocPitch_v2`, and the legacy 32-bit `cuMemAllocPitch`): reserve
 /// an upper estimate (pitch rounded to 512 bytes), then settle on the driver's pitch x height.
-pub unsafe fn mem_alloc_pitch<T: Word, P: Word>(rt: &'static Runtime,
+pub unsafe fn mem_alloc_pitch<T: DevPtr, P: Word>(rt: &'static Runtime,
     real: unsafe extern "C" fn(*mut T, *mut P, P, P, c_uint) -> CUresult,
     dptr: *mut T, pitch: *mut P, width: P, height: P, elem: c_uint) -> CUresult {
     let Some(ps) = rt.proc() else { return real(dptr, pitch, width, height, elem) };
@@ -288,12 +262,8 @@ pub unsafe fn mem_alloc_pitch<T: Word, P: Word>(rt: &'static Runtime,
         unreserve(ps, dev, est);
         return r;
     }
-    let free_cell = if std::mem::size_of::<T>() == 8 { &hooked::cuMemFree_v2 } else { &hooked::cuMemFree };
     settle_pitch(ps, dev, est, (*pitch).to_u64().saturating_mul(height.to_u64()), (*dptr).to_u64(), || {
-        if let Some(p) = free_cell.get() {
-            let free: unsafe extern "C" fn(T) -> CUresult = std::mem::transmute(p);
-            let _ = free(*dptr);
-        }
+        (*dptr).free_real()
     })
 }
 

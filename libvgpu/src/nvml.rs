@@ -26,7 +26,7 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
+use crate::sys::sig;
 use crate::runtime::Runtime;
 use std::ffi::c_uint;
 use vgpu_core::config::VisibleDevice;

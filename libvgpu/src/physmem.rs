@@ -23,54 +23,17 @@
 
 use crate::driver;
 use crate::ffi::*;
-use crate::hooks::table::sig;
-use crate::memory::{dev_index, reserve, unreserve};
-use crate::runtime::{ProcState, Runtime};
-use std::collections::{BTreeMap, HashMap};
+use crate::sys::sig;
+use crate::runtime::{Handle, Phys, Pool, ProcState, Runtime};
 use std::sync::atomic::{AtomicBool, Ordering};
 use vgpu_core::ledger::accounted_size;
-use vgpu_core::region::MemKind;
+use vgpu_core::region::{MemKind, ReserveError};
 use vgpu_core::MAX_DEVICES;
 
 const PAGE: u64 = 2 << 20;
 
 fn pages(bytes: u64) -> u64 {
     accounted_size(bytes).div_ceil(PAGE).saturating_mul(PAGE)
-}
-
-/// A VMM handle this process charged.
-#[derive(Clone, Copy, Debug)]
-pub struct Handle {
-    pub dev: usize,
-    pub bytes: u64,
-    /// Outstanding references (creation, retains, own imports); each needs a `cuMemRelease`.
-    pub refs: u32,
-    pub maps: u32,
-}
-
-/// A pool of a device we control, and what its reservation is charged.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Pool {
-    pub dev: usize,
-    pub charged: u64,
-}
-
-#[derive(Default)]
-pub struct Phys {
-    pub handles: HashMap<u64, Handle>,
-    /// Mappings: address -> (size, handle).
-    pub maps: BTreeMap<u64, (u64, u64)>,
-    pub pools: HashMap<usize, Pool>,
-    /// Live stream-ordered allocations -> their pool.
-    pub async_ptrs: HashMap<u64, usize>,
-    /// Alloc nodes recorded while a stream captures, per stream: (device, bytes).
-    pub capture: HashMap<usize, Vec<(usize, u64)>>,
-    /// Alloc nodes per graph and per executable graph.
-    pub graphs: HashMap<usize, Vec<(usize, u64)>>,
-    pub execs: HashMap<usize, Vec<(usize, u64)>>,
-    /// Per device: sum of live executables' alloc nodes, and the graph memory charge.
-    pub graph_live: [u64; MAX_DEVICES],
-    pub graph_charged: [u64; MAX_DEVICES],
 }
 
 /// A pool of ours freed memory since the last settle: the next synchronize may shrink it.
@@ -89,6 +52,36 @@ fn adjust(ps: &ProcState, dev: usize, from: u64, to: u64) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Reservations (every allocation path's, `memory` included)
+
+/// Reserve `bytes` on `dev` or say why not (one info line): `Err(CUDA_ERROR_OUT_OF_MEMORY)`.
+/// At the cap, this process's pools and graph memory give back what they keep unused first
+/// (`trim_own`), then the reservation is tried once more.
+pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
+    let mut res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
+    if matches!(res, Err(ReserveError::OverLimit { .. })) && trim_own(ps, dev) {
+        res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
+    }
+    match res {
+        Ok(()) => Ok(()),
+        Err(ReserveError::OverLimit { used, limit, requested }) => {
+            vgpu_core::info!(
+                "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
+            );
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+        Err(e) => {
+            vgpu_core::warn!("{what}: {bytes} bytes on device {dev} refused: {e}");
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+pub fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {
+    ps.region.release(ps.slot, dev, MemKind::Data, bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
 // VMM
 
 pub unsafe fn mem_create(rt: &'static Runtime, real: sig::cuMemCreate, handle: *mut CUmemGenericAllocationHandle,
@@ -99,7 +92,7 @@ pub unsafe fn mem_create(rt: &'static Runtime, real: sig::cuMemCreate, handle: *
     }
     let p = &*prop;
     let on_device = p.type_ == CU_MEM_ALLOCATION_TYPE_PINNED && p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
-    let Some(dev) = on_device.then(|| dev_index(ps, p.location.id)).flatten() else {
+    let Some(dev) = on_device.then(|| ps.dev_index(p.location.id)).flatten() else {
         return real(handle, size, prop, flags);
     };
     let bytes = accounted_size(size as u64);
@@ -271,7 +264,7 @@ pub unsafe fn mem_alloc_async(rt: &'static Runtime, real: sig::cuMemAllocAsync, 
         Some((cudev, driver::device_mem_pool(cudev)?))
     });
     let Some((cudev, pool)) = found else { return real(dptr, bytesize, stream) };
-    let Some(dev) = dev_index(ps, cudev) else { return real(dptr, bytesize, stream) };
+    let Some(dev) = ps.dev_index(cudev) else { return real(dptr, bytesize, stream) };
     if dptr.is_null() {
         return real(dptr, bytesize, stream);
     }
@@ -355,7 +348,7 @@ pub unsafe fn pool_create(rt: &'static Runtime, real: sig::cuMemPoolCreate, pool
         let p = &*props;
         if let Some(ps) = rt.proc() {
             if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-                if let Some(dev) = dev_index(ps, p.location.id) {
+                if let Some(dev) = ps.dev_index(p.location.id) {
                     know_pool(ps, *pool, dev);
                 }
             }
@@ -370,7 +363,7 @@ pub unsafe fn device_pool(rt: &'static Runtime, real: unsafe extern "C" fn(*mut 
     let r = real(pool, dev);
     if r == CUDA_SUCCESS && !pool.is_null() {
         if let Some(ps) = rt.proc() {
-            if let Some(d) = dev_index(ps, dev) {
+            if let Some(d) = ps.dev_index(dev) {
                 know_pool(ps, *pool, d);
             }
         }
@@ -419,7 +412,7 @@ pub unsafe fn add_mem_alloc_node(rt: &'static Runtime, real: sig::cuGraphAddMemA
         let p = &*params;
         if let Some(ps) = rt.proc() {
             if p.pool_props.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-                if let Some(dev) = dev_index(ps, p.pool_props.location.id) {
+                if let Some(dev) = ps.dev_index(p.pool_props.location.id) {
                     ps.ledgers().phys.graphs.entry(graph as usize).or_default().push((dev, pages(p.bytesize as u64)));
                 }
             }
@@ -519,7 +512,7 @@ pub unsafe fn graph_exec_destroy(rt: &'static Runtime, real: sig::cuGraphExecDes
 pub unsafe fn graph_mem_trim(rt: &'static Runtime, real: sig::cuDeviceGraphMemTrim, dev: CUdevice) -> CUresult {
     let r = real(dev);
     if let Some(ps) = rt.proc_if_ready() {
-        if let Some(d) = dev_index(ps, dev) {
+        if let Some(d) = ps.dev_index(dev) {
             let mut l = ps.ledgers();
             settle_graph(ps, &mut l.phys, d);
         }

@@ -1,8 +1,11 @@
 //! Resolution of the real driver functions: the real `dlsym` (glibc's, found with `dlvsym` so our
 //! own exported `dlsym` is never re-entered), our own `dlopen` handles on `libcuda.so.1` and
-//! (lazily) `libnvidia-ml.so.1`, and `RealFn`, a lazily resolved, cached function pointer.
+//! (lazily) `libnvidia-ml.so.1`, `RealFn`, a lazily resolved, cached function address, and
+//! `Slot`, the same with its C signature: the only place an address becomes a function pointer
+//! (`as_fn`). The slots themselves are generated from the one list in `sys`.
 
 use std::ffi::{c_char, c_void};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 /// Signature of `dlsym`.
@@ -45,7 +48,18 @@ pub(crate) extern "C" fn resolve_real_dlsym() -> usize {
 pub fn real_dlsym() -> DlsymFn {
     let v = resolve_real_dlsym();
     // SAFETY: `v` is the address of a function with dlsym's signature.
-    unsafe { std::mem::transmute::<usize, DlsymFn>(v) }
+    unsafe { as_fn::<DlsymFn>(v as *mut c_void) }
+}
+
+/// The function at address `p` as the function-pointer type `F`.
+///
+/// # Safety
+/// `F` is an `extern "C" fn` pointer type (the size is checked) and `p` the address of a function
+/// with exactly that C signature.
+#[inline(always)]
+unsafe fn as_fn<F: Copy>(p: *mut c_void) -> F {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    std::mem::transmute_copy::<*mut c_void, F>(&p)
 }
 
 /// Which library a hooked symbol lives in.
@@ -150,5 +164,30 @@ impl RealFn {
     }
     pub const fn lib(&self) -> Lib {
         self.lib
+    }
+}
+
+/// A real function with its C signature `F` (a `sys::sig` type): resolved like `RealFn`, handed
+/// out typed, so no caller restates or transmutes a signature.
+pub struct Slot<F> {
+    raw: RealFn,
+    sig: PhantomData<F>,
+}
+
+impl<F: Copy> Slot<F> {
+    /// # Safety
+    /// `F` must be the `unsafe extern "C" fn` type of the symbol `name` (`sys` generates every
+    /// slot from the one list whose signatures ci/check-abi.py checks against NVIDIA's headers).
+    pub const unsafe fn new(lib: Lib, name: &'static std::ffi::CStr) -> Slot<F> {
+        Slot { raw: RealFn::new(lib, name), sig: PhantomData }
+    }
+    /// The real function, or `None` when the library does not export it.
+    #[inline]
+    pub fn get(&self) -> Option<F> {
+        // SAFETY: `new`'s contract: `F` is this symbol's signature.
+        self.raw.get().map(|p| unsafe { as_fn::<F>(p) })
+    }
+    pub const fn raw(&self) -> &RealFn {
+        &self.raw
     }
 }

@@ -14,12 +14,14 @@
 //! file (never touching locks or mutexes inherited mid-operation), registers a new slot and starts
 //! with empty ledgers (the parent's allocations are not the child's).
 //!
+//! The monitor thread is not started here: `lifecycle` starts it once the process state exists.
+//!
 //! For the lead's `launch.rs` / `monitor.rs`: [`get`] returns the runtime without initializing or
 //! blocking; `rt.proc_if_ready()` the process state (region + slot + devices) when phase 2 is done.
 
 use crate::driver;
 use crate::ffi::CUdevice;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use vgpu_core::config::Config;
@@ -43,6 +45,41 @@ pub struct DeviceInfo {
     pub soft_sm_limit: Option<u32>,
 }
 
+/// A VMM handle this process charged.
+#[derive(Clone, Copy, Debug)]
+pub struct Handle {
+    pub dev: usize,
+    pub bytes: u64,
+    /// Outstanding references (creation, retains, own imports); each needs a `cuMemRelease`.
+    pub refs: u32,
+    pub maps: u32,
+}
+
+/// A pool of a device we control, and what its reservation is charged.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pool {
+    pub dev: usize,
+    pub charged: u64,
+}
+
+#[derive(Default)]
+pub struct Phys {
+    pub handles: HashMap<u64, Handle>,
+    /// Mappings: address -> (size, handle).
+    pub maps: BTreeMap<u64, (u64, u64)>,
+    pub pools: HashMap<usize, Pool>,
+    /// Live stream-ordered allocations -> their pool.
+    pub async_ptrs: HashMap<u64, usize>,
+    /// Alloc nodes recorded while a stream captures, per stream: (device, bytes).
+    pub capture: HashMap<usize, Vec<(usize, u64)>>,
+    /// Alloc nodes per graph and per executable graph.
+    pub graphs: HashMap<usize, Vec<(usize, u64)>>,
+    pub execs: HashMap<usize, Vec<(usize, u64)>>,
+    /// Per device: sum of live executables' alloc nodes, and the graph memory charge.
+    pub graph_live: [u64; MAX_DEVICES],
+    pub graph_charged: [u64; MAX_DEVICES],
+}
+
 /// What this process charged, keyed per namespace (device pointers, arrays and mipmapped arrays
 /// never share keys; `cuMemCreate` handles, pools and graph memory are in `phys`).
 #[derive(Default)]
@@ -50,7 +87,7 @@ pub struct Ledgers {
     pub ptrs: Ledger,
     pub arrays: Ledger,
     /// VMM handles and mappings, pools, graph memory (`physmem`).
-    pub phys: crate::physmem::Phys,
+    pub phys: Phys,
 }
 
 /// Context bookkeeping: every context is charged its device memory while it lives (the primary
@@ -90,6 +127,17 @@ impl ProcState {
     /// memory-info queries, not for hot paths: it takes the region's table lock.
     pub fn container_used(&self, dev: usize) -> u64 {
         container_used(&self.region, dev)
+    }
+    /// Program device ordinal (= config/region index) of the driver's `CUdevice` `dev`; `None`
+    /// for a device this process does not control.
+    pub fn dev_index(&self, dev: CUdevice) -> Option<usize> {
+        // Fast path: the driver's handle is the ordinal.
+        if let Some(d) = usize::try_from(dev).ok().and_then(|i| self.devices.get(i)) {
+            if d.handle == dev {
+                return Some(d.index);
+            }
+        }
+        self.devices.iter().find(|d| d.handle == dev).map(|d| d.index)
     }
     pub fn device(&self, dev: usize) -> Option<&DeviceInfo> {
         self.devices.get(dev)
@@ -143,10 +191,6 @@ impl Runtime {
         if !done {
             return None;
         }
-        // The lead's monitor thread (idempotent; restarted in a forked child).
-        if let Some(rt) = get() {
-            crate::monitor::start(rt);
-        }
         self.proc_if_ready()
     }
 
@@ -161,10 +205,10 @@ impl Runtime {
             .as_ref()
     }
 
-    /// Child side of fork: new slot, new ledgers, same devices.
+    /// Child side of fork: new slot, new ledgers, same devices (the fork step of `lifecycle`,
+    /// which also resets and restarts the monitor).
     #[cold]
-    fn after_fork(&self) {
-        crate::monitor::after_fork_child();
+    pub fn after_fork(&self) {
         self.proc_once.reset_in_child();
         let old = self.proc.swap(std::ptr::null_mut(), Ordering::AcqRel);
         let reuse = if old.is_null() {
@@ -386,26 +430,21 @@ pub fn get() -> Option<&'static Runtime> {
 }
 
 /// The runtime, initializing it on first use; `None` = control disabled (pass everything through)
-/// or re-entered during initialization.
+/// or re-entered during initialization. The fork step is `lifecycle`'s (`take_forked`).
 #[inline]
 pub fn ensure() -> Option<&'static Runtime> {
     let p = RT.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: leaked, never freed.
-        let rt = unsafe { &*p };
-        if FORKED.load(Ordering::Relaxed) {
-            fork_slow(rt);
-        }
-        return Some(rt);
+        return Some(unsafe { &*p });
     }
     ensure_slow()
 }
 
-#[cold]
-fn fork_slow(rt: &Runtime) {
-    if FORKED.swap(false, Ordering::AcqRel) {
-        rt.after_fork();
-    }
+/// Whether this is a forked child that has not re-registered yet (true once per fork).
+#[inline]
+pub fn take_forked() -> bool {
+    FORKED.load(Ordering::Relaxed) && FORKED.swap(false, Ordering::AcqRel)
 }
 
 #[cold]

@@ -1,12 +1,13 @@
-//! The hook table machinery. `hooks!` is invoked exactly once, in `table.rs`; for every entry it
-//! generates
-//! * `sig::NAME`: the C signature as a function-pointer type (policy functions take it),
-//! * `real::NAME`: the lazily resolved real function (`RealFn`, our own driver handle),
-//! * the exported `#[no_mangle] extern "C" fn NAME` shim,
+//! The hook layer. `hooks!` expands the one list of `sys` (`sys::entries!`) exactly once, in
+//! `table.rs`; for every hooked entry it generates
+//! * the exported `#[no_mangle] extern "C" fn NAME` shim (its real function: the typed slot
+//!   `sys::real::NAME`; policy functions take `sys::sig::NAME`),
 //! * an entry of `HOOKS` (name, real, hook) used by the `dlsym` override and `cuGetProcAddress`.
 //!
 //! Modes (what the shim does around the real call):
-//! * `policy => f`: lazy init; pass-through when control is disabled, else `f(rt, real, args..)`;
+//! * `policy => f`: lazy init (`lifecycle::ensure`); pass-through when control is disabled, else
+//!   `f(rt, real, args..)`, then `lifecycle::after_call` (starts the monitor once there is a
+//!   process state);
 //! * `init`: lazy init, then the real call unchanged (e.g. `cuInit`);
 //! * `launch(stream_expr)`: `launch::before_launch(stream)`, real call, `launch::after_launch`;
 //!   nothing else on that path (no init, no lock, no clock);
@@ -41,11 +42,11 @@ pub struct Hook {
 // SAFETY: `hook` is the address of a function (immutable code); the rest is Sync.
 unsafe impl Sync for Hook {}
 
-/// The real function of a table entry as its typed pointer, or return the library's "not found".
+/// The real function of a table entry (its typed slot), or return the library's "not found".
 macro_rules! real_fn {
     ($lib:ident $name:ident) => {{
-        let Some(p) = real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
-        ::std::mem::transmute::<*mut ::std::ffi::c_void, sig::$name>(p)
+        let Some(f) = $crate::sys::real::$name.get() else { return $crate::real::Lib::$lib.not_found() };
+        f
     }};
 }
 
@@ -55,10 +56,12 @@ macro_rules! shim {
             #[allow(unused_unsafe)]
             unsafe {
                 let f = real_fn!($lib $name);
-                match $crate::runtime::ensure() {
+                match $crate::lifecycle::ensure() {
                     Some(rt) => {
                         $crate::guard::maybe_inject(stringify!($name));
-                        $policy(rt, f, $($arg),*)
+                        let r = $policy(rt, f, $($arg),*);
+                        $crate::lifecycle::after_call(rt);
+                        r
                     }
                     None => f($($arg),*),
                 }
@@ -70,7 +73,7 @@ macro_rules! shim {
             #[allow(unused_unsafe)]
             unsafe {
                 let f = real_fn!($lib $name);
-                let _ = $crate::runtime::ensure();
+                let _ = $crate::lifecycle::ensure();
                 f($($arg),*)
             }
         })
@@ -105,31 +108,9 @@ macro_rules! shim {
 }
 
 macro_rules! hooks {
-    ( $( $lib:ident $mode:ident $( ( $($extra:tt)* ) )?
-         fn $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) $( => $policy:path )? ; )* ) => {
-        /// C signatures of the hooked functions, as function-pointer types.
-        #[allow(non_camel_case_types, dead_code)]
-        pub mod sig {
-            #[allow(unused_imports)]
-            use super::*;
-            $( pub type $name = unsafe extern "C" fn( $($ty),* ) -> i32; )*
-        }
-
-        /// The real implementations, resolved lazily on our own library handles.
-        #[allow(non_upper_case_globals, dead_code)]
-        pub mod real {
-            use $crate::real::{Lib, RealFn};
-            $(
-                pub static $name: RealFn = RealFn::new(
-                    Lib::$lib,
-                    match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                        Ok(c) => c,
-                        Err(_) => panic!("bad hook name"),
-                    },
-                );
-            )*
-        }
-
+    ( hooked { $( $lib:ident $mode:ident $( ( $($extra:tt)* ) )?
+                  fn $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) $( => $policy:path )? ; )* }
+      called { $( $called:tt )* } ) => {
         $(
             #[no_mangle]
             #[allow(non_snake_case, clippy::missing_safety_doc)]
@@ -141,8 +122,8 @@ macro_rules! hooks {
         /// Every hooked symbol, in table order.
         pub static HOOKS: &[$crate::hooks::Hook] = &[
             $( $crate::hooks::Hook {
-                name: real::$name.name(),
-                real: &real::$name,
+                name: $crate::sys::real::$name.raw().name(),
+                real: $crate::sys::real::$name.raw(),
                 hook: $name as *const (),
             }, )*
         ];

@@ -5,7 +5,8 @@
 //! caller receives is therefore always the ABI the driver chose; we never guess version suffixes.
 //! Pointers we do not hook (including whatever `cuGetExportTable` hands out) pass through as is.
 
-use super::table::{sig, HOOKS};
+use super::table::HOOKS;
+use crate::sys::sig;
 use crate::ffi::*;
 use crate::real::Lib;
 use std::ffi::{c_char, c_void};
