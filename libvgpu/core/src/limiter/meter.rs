@@ -342,7 +342,6 @@ impl<E: Copy> Meter<E> {
     pub fn wants_end_event(&self, key: StreamKey, now: u64) -> bool {
         self.streams.iter().find(|s| s.key == key).is_none_or(|s| now.saturating_sub(s.recorded_ns) >= EVENT_SPACING_NS)
     }
-
     /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
     /// recorded after it (`None`: recording failed), `start_ev` the one recorded before it.
     pub fn launched(&mut self, key: StreamKey, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {

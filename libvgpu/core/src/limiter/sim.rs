@@ -401,3 +401,23 @@ fn a_context_switch_between_processes_is_charged_an_idle_gap_is_not() {
     assert_eq!(b.charge(T0 + 3 * ms + 500_000, T0 + 4 * ms, 1000, T0 + 4 * ms, 1), ms - 500_000);
 }
 
+
+/// Like PyTorch eager training: tiny elementwise kernels, mid-size and large GEMMs, Python time
+/// between launches, a synchronize (loss.item()) every so many launches.
+fn training_step(cpu_ns: u64, sync_every: u64) -> Pattern {
+    let kernels = vec![8_000, 8_000, 8_000, 300_000, 20_000, 8_000, 1_500_000, 20_000, 8_000, 60_000];
+    Pattern { kernel_ns: kernels, cpu_ns, ..Pattern::fixed(0, sync_every) }
+}
+
+#[rstest::rstest]
+fn a_training_step_of_mixed_kernels(#[values((12_000, 120), (150_000, 30))] cpu_and_sync: (u64, u64)) {
+    let (cpu_ns, sync_every) = cpu_and_sync;
+    check(&format!("mixed step, {cpu_ns} ns CPU per launch, sync every {sync_every}"), &[(0, training_step(cpu_ns, sync_every))], 8, &[25, 50]);
+}
+
+#[rstest::rstest]
+#[ignore = "KNOWN FAILURE (issue 10): with timing events spaced 100 us apart, mixed kernels launched 40 us apart, or deep async queues, are charged 3-6% more than they ran (cap 25: 23.6%, cap 50: 47.1%); on a GPU the NVML calibration absorbs it while the container is alone, not beside another tenant"]
+fn a_training_step_of_mixed_kernels_known_overcharge(#[values((40_000, 120), (12_000, 0))] cpu_and_sync: (u64, u64)) {
+    let (cpu_ns, sync_every) = cpu_and_sync;
+    check(&format!("mixed step, {cpu_ns} ns CPU per launch, sync every {sync_every}"), &[(0, training_step(cpu_ns, sync_every))], 8, &[25, 50]);
+}
