@@ -380,8 +380,16 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         g.meter.contended = contended;
         g.meter.owner = owner;
         let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
-        if step == Step::Go {
-            prepared = Some(prepare(g, key, record_on, ctx));
+        match step {
+            Step::Go => prepared = Some(prepare(g, key, record_on, ctx)),
+            // About to wait: an event now ends the stream's launches without one where they
+            // end, not after the wait (spaced events would stretch their interval over it).
+            Step::Wait(_) if g.meter.wants_flush_event(key) => {
+                if let Some(ev) = g.events.ctx_index(ctx).and_then(|c| g.events.record(c, record_on)) {
+                    g.meter.flushed(key, ev, now);
+                }
+            }
+            Step::Wait(_) => {}
         }
         g.events.settle();
         step

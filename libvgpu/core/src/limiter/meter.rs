@@ -381,6 +381,22 @@ impl<E: Copy> Meter<E> {
         }
     }
 
+    /// A launch on `key` is about to wait: do launches without an event sit on that stream?
+    /// Then the glue records an event now (`flushed`), so their interval ends where they do,
+    /// not after the wait.
+    pub fn wants_flush_event(&self, key: StreamKey) -> bool {
+        self.streams.iter().any(|s| s.key == key && s.unevented > 0)
+    }
+
+    /// The event recorded on `key` at `now` for the launches without one (`wants_flush_event`).
+    pub fn flushed(&mut self, key: StreamKey, ev: E, now: u64) {
+        let Some(st) = self.streams.iter_mut().find(|s| s.key == key && s.unevented > 0) else { return };
+        st.pending.push_back(Submitted { ev, start_ev: None, submit_ns: st.unevented_since_ns, launches: st.unevented, clip_ns: None });
+        st.pending_launches += st.unevented as u64;
+        st.unevented = 0;
+        st.recorded_ns = now;
+    }
+
     /// Give every event back (the process forgets this device, e.g. its context is gone).
     pub fn clear(&mut self, evs: &mut impl Events<Ev = E>) {
         for st in self.streams.drain(..) {
@@ -512,6 +528,23 @@ mod tests {
         assert!((10..=11).contains(&recorded), "{recorded} events for 1 ms of launches");
         meter.synced(&mut evs, &b, T0 + 50 * 20_000);
         assert_eq!(meter.charged_total_ns, 50 * 20_000, "every launch charged once, batches included");
+    }
+
+    #[test]
+    fn a_wait_closes_the_launches_without_an_event_where_they_end() {
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        meter.launched(1, None, Some(1), T0, &mut evs);
+        meter.launched(1, None, None, T0 + 10_000, &mut evs);
+        assert!(meter.wants_flush_event(1) && !meter.wants_flush_event(2));
+        meter.flushed(1, 2, T0 + 20_000);
+        assert!(!meter.wants_flush_event(1));
+        assert_eq!(meter.pending_launches(), 2);
+        evs.states.insert(1, EventState::Done(T0 + 300_000));
+        evs.states.insert(2, EventState::Done(T0 + 600_000));
+        // The wait lasts 5 ms; the next launch's interval must not include it.
+        meter.poll(&mut evs, &b, T0 + 5 * MS);
+        assert_eq!(meter.charged_total_ns, 600_000);
     }
 
     #[test]
