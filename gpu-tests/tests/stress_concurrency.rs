@@ -8,11 +8,6 @@ use stress_util::*;
 use std::time::{Duration, Instant};
 
 #[test]
-fn worker_entry() {
-    worker_main();
-}
-
-#[test]
 #[ignore = "run by ci/stress.sh"]
 fn cap_never_exceeded_and_counters_return_to_zero() {
     let (procs, threads, iters) = if full() { (16, 8, 300) } else { (4, 4, 300) };

@@ -10,11 +10,6 @@ mod stress_util;
 use stress_util::*;
 use std::time::{Duration, Instant};
 
-#[test]
-fn worker_entry() {
-    worker_main();
-}
-
 fn pipe(cloexec_read: bool, cloexec_write: bool) -> (i32, i32) {
     let mut fds = [0i32; 2];
     // SAFETY: plain pipe(2); flags set per end below.

@@ -125,7 +125,7 @@ pub fn worker(mode: &str, s: &Scratch, hooked: bool) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut c = mock_command(&exe, s, hooked);
     mock_env(&mut c);
-    c.args(["worker_entry", "--exact", "--nocapture", "--test-threads", "1", "-q"]).env(MODE, mode);
+    c.env(MODE, mode);
     c.env_remove("MOCK_CUDA_FAULT").env_remove("MOCK_CUDA_DELAY");
     c
 }
@@ -435,10 +435,12 @@ fn env_u64(k: &str, default: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Dispatch of `STRESS_MODE`; returns false when not a worker (normal test run).
-pub fn worker_main() -> bool {
-    let Ok(mode) = std::env::var(MODE) else { return false };
-    match mode.as_str() {
+// A test binary that includes this module is a worker when `STRESS_MODE` is set (`worker`).
+gpu_tests::worker_entry!(MODE, worker_main);
+
+/// Dispatch of `STRESS_MODE`.
+fn worker_main(mode: &str) {
+    match mode {
         "churn" => churn(),
         "survivor" => survivor(),
         "lockholder" => lockholder(),
@@ -455,7 +457,6 @@ pub fn worker_main() -> bool {
         "alloc_exit" => alloc_exit(),
         m => panic!("unknown worker mode {m}"),
     }
-    true
 }
 
 /// `STRESS_THREADS` threads allocating/freeing 1 KiB..`STRESS_MAX_KIB` (holding up to 4 each) and launching
