@@ -855,7 +855,8 @@ extern "C" fn on_usr2(_: i32) {
 
 /// The program's own SIGUSR1/SIGUSR2 handlers, installed before any CUDA call; then CUDA work
 /// (context, allocations, launches: the hook's runtime and monitor thread start); prints its
-/// SigCgt and `ready`, keeps launching until it saw 3 SIGUSR1 and 2 SIGUSR2 (or 10 s).
+/// SigCgt and `ready`, keeps launching until it saw 3 SIGUSR1 and 2 SIGUSR2 (or 10 s), printing
+/// `seen=USR1,USR2` whenever a count moved (so the sender can wait for each signal's delivery).
 fn signals() {
     unsafe {
         for (sig, h) in [(libc::SIGUSR1, on_usr1 as extern "C" fn(i32)), (libc::SIGUSR2, on_usr2)] {
@@ -881,7 +882,16 @@ fn signals() {
     println!("sigcgt={cgt}");
     println!("ready");
     let t = Instant::now();
-    while (USR1.load(Relaxed) < 3 || USR2.load(Relaxed) < 2) && t.elapsed() < Duration::from_secs(10) {
+    let mut shown = (0, 0);
+    loop {
+        let now = (USR1.load(Relaxed), USR2.load(Relaxed));
+        if now != shown {
+            println!("seen={},{}", now.0, now.1);
+            shown = now;
+        }
+        if (now.0 >= 3 && now.1 >= 2) || t.elapsed() > Duration::from_secs(10) {
+            break;
+        }
         assert_eq!(cu.launch(f, 4), 0);
         assert_eq!(cu.sync(), 0);
         std::thread::sleep(Duration::from_millis(1));
