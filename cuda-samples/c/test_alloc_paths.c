@@ -6,6 +6,9 @@
  *   --hold          after allocating, print `holding=1` and wait for SIGTERM/SIGINT/SIGUSR1
  *                   (or --hold-seconds), then free: lets a test inspect accounting meanwhile
  *   --hold-seconds N  bound the hold (default 0 = until a signal)
+ *                   While holding, each SIGUSR2 prints `report=N free=BYTES total=BYTES` (the
+ *                   device as cuMemGetInfo shows it now): a test's signal that the process
+ *                   sees a change made from outside.
  *
  * Paths: mem_alloc (cuMemAlloc_v2), mem_alloc_pitch (cuMemAllocPitch_v2), mem_alloc_managed
  * (cuMemAllocManaged), array (cuArrayCreate_v2), array3d (cuArray3DCreate_v2), mipmapped_array
@@ -17,9 +20,18 @@
  * free: path=NAME free_result=... freed_delta=BYTES. Summary: paths= failed= result=PASS|FAIL.
  * Exit 0 only when every selected path allocated and freed successfully.
  */
+#include <signal.h>
 #include <string.h>
 
 #include "gpu.h"
+
+static volatile sig_atomic_t report_requested;
+
+static void on_report_signal(int sig)
+{
+    (void)sig;
+    report_requested = 1;
+}
 
 struct alloc {
     CUdeviceptr ptr;
@@ -242,8 +254,14 @@ int main(int argc, char **argv)
         out("error=usage what=\"unknown --path\" arg=\"%s\"\n", only);
         return 2;
     }
-    if (hold)
+    if (hold) {
         stop_on_signals();
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_report_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGUSR2, &sa, NULL);
+    }
 
     gpu_open(&g, opt_device);
     CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
@@ -271,8 +289,16 @@ int main(int argc, char **argv)
     if (hold) {
         out("holding=1 used=%llu\n", (unsigned long long)mem_used());
         uint64_t deadline = now_ns() + (uint64_t)hold_seconds * 1000000000ull;
-        while (!stop_requested && (hold_seconds == 0 || now_ns() < deadline))
+        int reports = 0;
+        while (!stop_requested && (hold_seconds == 0 || now_ns() < deadline)) {
+            if (report_requested) {
+                report_requested = 0;
+                size_t f = 0, t = 0;
+                meminfo(&f, &t);
+                out("report=%d free=%llu total=%llu\n", ++reports, (unsigned long long)f, (unsigned long long)t);
+            }
             sleep_ns(20000000ull);
+        }
         for (size_t i = 0; i < NPATHS; i++) {
             if (!selected[i] || results[i] != CUDA_SUCCESS)
                 continue;

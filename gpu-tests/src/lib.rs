@@ -175,3 +175,36 @@ pub fn mock_command(program: &Path, scratch: &Scratch, hooked: bool) -> Command 
     }
     cmd
 }
+
+/// Make this test binary double as a worker process: when the environment variable `$var` is
+/// set, `$dispatch(&value)` runs *instead of* the tests (before `main`, from an `.init_array`
+/// entry) and the process exits 0 when it returns, 101 when it panics, as a failed test would.
+/// Without the variable nothing happens and the tests run. Tests re-run `current_exe()` with the
+/// variable set to start a worker; no `#[test]` is a no-op entry point.
+#[macro_export]
+macro_rules! worker_entry {
+    ($var:expr, $dispatch:expr) => {
+        #[used]
+        #[link_section = ".init_array"]
+        static WORKER_ENTRY: extern "C" fn() = {
+            extern "C" fn worker_entry() {
+                $crate::run_worker($var, $dispatch);
+            }
+            worker_entry
+        };
+    };
+}
+
+/// The body of [`worker_entry!`]'s entry: returns when `var` is not set, else never.
+pub fn run_worker(var: &str, dispatch: fn(&str)) {
+    let Some(mode) = std::env::var_os(var) else { return };
+    let mode = mode.to_string_lossy().into_owned();
+    let code = match std::panic::catch_unwind(|| dispatch(&mode)) {
+        Ok(()) => 0,
+        Err(_) => 101,
+    };
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code);
+}

@@ -194,7 +194,13 @@ fn set_mem_limit_below_use_refuses_new_allocations_and_frees_nothing() {
     let said = tool(&s, "shrreg-tool", &["--set-mem-limit", "0", &low.to_string()]);
     assert!(said.contains("below current use"), "shrreg-tool did not say the cap is below use: {said}");
     assert_eq!(r.limit(0), Some(low));
-    std::thread::sleep(Duration::from_millis(300));
+    // The holder's own view first (SIGUSR2: it prints what cuMemGetInfo shows now): the lowered
+    // cap has reached it, then nothing of its allocation moved.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(holder.pid(), libc::SIGUSR2) };
+    let seen = holder.wait_line("report=1 ", Duration::from_secs(10));
+    assert_eq!(num(&seen, "total"), low, "the holder does not see the lowered cap: {seen}");
+    assert_eq!(num(&seen, "free"), 0, "the holder sees room under a cap below its use: {seen}");
     assert!(holder.alive(), "the holder died after the cap was lowered\n{}", holder.text());
     assert_eq!(r.device_used(0), used, "lowering the cap changed the container's usage");
     assert_eq!(r.proc_usage(slot, 0), mine, "lowering the cap changed the holder's accounting");
@@ -295,11 +301,14 @@ fn container_utilization_is_not_zeroed_by_an_idle_process() {
     let mut holder = Bg::spawn(c, "holder");
     holder.wait_line("holding=1", Duration::from_secs(10));
     let run = capped_launcher(&s);
-    std::thread::sleep(Duration::from_millis(1200));
+    let util = || smi_json(&s).get("devices").arr()[0].get("utilization_percent").num();
+    // Settled first (the container's figure is a rate over a window), then sampled.
+    let settled = poll(Duration::from_secs(5), || Some(util()).filter(|u| (35.0..=65.0).contains(u)));
+    assert!(settled.is_some(), "container utilization never settled under the 50% cap: {} %", util());
     let seen: Vec<f64> = (0..10)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(150));
-            smi_json(&s).get("devices").arr()[0].get("utilization_percent").num()
+            util()
         })
         .collect();
     assert!(seen.iter().all(|u| (35.0..=65.0).contains(u)), "container utilization under a 50% cap, sampled every 150 ms: {seen:?}");
@@ -313,14 +322,19 @@ fn process_sm_util_follows_the_cap_and_launch_counts_only_grow() {
     let s = Scratch::new("ctl-util-proc");
     let run = capped_launcher(&s);
     let lp = run.pid();
-    std::thread::sleep(Duration::from_millis(1200));
+    let sample = || {
+        let j = smi_json(&s);
+        let d = &j.get("devices").arr()[0];
+        let p = d.get("processes").arr().iter().find(|p| p.get("pid").num() as i32 == lp).unwrap().clone();
+        (p.get("sm_util_percent").num(), p.get("launches").num())
+    };
+    // Settled first (the first figures cover the start-up), then sampled.
+    let settled = poll(Duration::from_secs(5), || Some(sample()).filter(|(u, _)| (30.0..=70.0).contains(u)));
+    assert!(settled.is_some(), "the process's utilization never settled under the 50% cap: {:?}", sample());
     let seen: Vec<(f64, f64)> = (0..10)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(150));
-            let j = smi_json(&s);
-            let d = &j.get("devices").arr()[0];
-            let p = d.get("processes").arr().iter().find(|p| p.get("pid").num() as i32 == lp).unwrap().clone();
-            (p.get("sm_util_percent").num(), p.get("launches").num())
+            sample()
         })
         .collect();
     assert!(

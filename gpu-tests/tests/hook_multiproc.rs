@@ -18,20 +18,17 @@ fn self_cmd(mode: &str, s: &Scratch, hooked: bool) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut c = mock_command(&exe, s, hooked);
     mock_env(&mut c);
-    c.args(["worker_entry", "--exact", "--nocapture", "--test-threads", "1"]).env(MODE, mode);
+    c.env(MODE, mode);
     c
 }
 
-/// Entry point of worker processes; a no-op in a normal test run.
-#[test]
-fn worker_entry() {
-    match std::env::var(MODE).as_deref() {
-        Ok("alloc") => alloc_worker(),
-        Ok("monitor") => monitor_worker(),
-        Ok("nvml") => nvml_probe(),
-        _ => {}
-    }
-}
+// Worker processes: this binary with `HOOK_MP_MODE` set runs the worker instead of the tests.
+gpu_tests::worker_entry!(MODE, |mode| match mode {
+    "alloc" => alloc_worker(),
+    "monitor" => monitor_worker(),
+    "nvml" => nvml_probe(),
+    m => panic!("unknown worker mode {m}"),
+});
 
 type Cu = i32;
 

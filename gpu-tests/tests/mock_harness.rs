@@ -1,7 +1,7 @@
 //! Tests of the GPU-less harness itself: the mock driver and NVML, across processes.
 //!
 //! Each scenario runs in helper processes (this test binary re-executed with `MOCK_ROLE` set, see
-//! `helper_entry`), because the mocks bind a process to one state file for its lifetime. Helpers
+//! `gpu_tests::worker_entry!`), because the mocks bind a process to one state file for its lifetime. Helpers
 //! load the mocks with libloading and report `OUT key=value` lines.
 
 use gpu_tests::{artifacts, mock_command, Scratch};
@@ -277,28 +277,23 @@ fn role_nvml_wrapper() {
     emit("pids", pids.join(","));
 }
 
-/// Entry point of helper processes; a no-op in the normal test run.
-#[test]
-fn helper_entry() {
-    match std::env::var(ROLE).as_deref() {
-        Ok("hold") => role_hold(),
-        Ok("observe") => role_observe(),
-        Ok("faults") => role_faults(),
-        Ok("half_busy") => role_half_busy(),
-        Ok("sync") => role_sync(),
-        Ok("nvml_wrapper") => role_nvml_wrapper(),
-        Ok(other) => panic!("unknown role {other}"),
-        Err(_) => {}
-    }
-}
+// Helper processes: this binary with the role variable set runs the helper instead of the tests.
+gpu_tests::worker_entry!(ROLE, |role| match role {
+    "hold" => role_hold(),
+    "observe" => role_observe(),
+    "faults" => role_faults(),
+    "half_busy" => role_half_busy(),
+    "sync" => role_sync(),
+    "nvml_wrapper" => role_nvml_wrapper(),
+    other => panic!("unknown role {other}"),
+});
 
 // ---- the orchestrating side --------------------------------------------------------------------
 
 fn spawn(scratch: &Scratch, role: &str, env: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = mock_command(&exe, scratch, false);
-    cmd.args(["helper_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
+    cmd.env(ROLE, role)
         .env(LIBDIR, &artifacts().mock_lib_dir)
         .env_remove("MOCK_CUDA_FAULT")
         .env_remove("MOCK_NVML_FAULT")
@@ -315,7 +310,6 @@ fn read_outs(out: &mut BufReader<ChildStdout>, stop: Option<&str>) -> HashMap<St
     let mut m = HashMap::new();
     let mut line = String::new();
     while out.read_line(&mut line).unwrap() > 0 {
-        // The first report shares its line with libtest's "test helper_entry ... ".
         let report = line.find("OUT ").map(|i| &line[i + 4..]);
         if let Some((k, v)) = report.and_then(|l| l.trim_end().split_once('=')) {
             m.insert(k.to_string(), v.to_string());

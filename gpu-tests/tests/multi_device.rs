@@ -36,20 +36,17 @@ fn worker(mode: &str, s: &Scratch, count: u32, hooked: bool) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut c = mock_command(&exe, s, hooked);
     gpus(&mut c, count);
-    c.args(["worker_entry", "--exact", "--nocapture", "--test-threads", "1"]).env(MODE, mode);
+    c.env(MODE, mode);
     c
 }
 
-/// Entry point of worker processes; a no-op in a normal test run.
-#[test]
-fn worker_entry() {
-    match std::env::var(MODE).as_deref() {
-        Ok("alloc") => alloc_worker(),
-        Ok("nvml") => nvml_worker(false),
-        Ok("nvml-cuda") => nvml_worker(true),
-        _ => {}
-    }
-}
+// Worker processes: this binary with the mode variable set runs the worker instead of the tests.
+gpu_tests::worker_entry!(MODE, |mode| match mode {
+    "alloc" => alloc_worker(),
+    "nvml" => nvml_worker(false),
+    "nvml-cuda" => nvml_worker(true),
+    m => panic!("unknown worker mode {m}"),
+});
 
 type Cu = i32;
 

@@ -7,11 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use stress_util::*;
 
-#[test]
-fn worker_entry() {
-    worker_main();
-}
-
 const GIB: u64 = 1 << 30;
 
 /// `fill` under a memory cap on region path `region`: (status, stdout, stderr).

@@ -8,11 +8,6 @@ mod stress_util;
 use stress_util::*;
 use std::time::Duration;
 
-#[test]
-fn worker_entry() {
-    worker_main();
-}
-
 const CODE: &str = "46";
 const NAME: &str = "CUDA_ERROR_DEVICE_UNAVAILABLE";
 

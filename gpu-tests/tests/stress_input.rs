@@ -9,11 +9,6 @@ use stress_util::*;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-#[test]
-fn worker_entry() {
-    worker_main();
-}
-
 /// test_vram_limit (64 MiB steps, at most 1 GiB) under the hook with `vars`.
 fn run_with(s: &Scratch, vars: &[(&str, &str)]) -> Done {
     let mut c = sample("test_vram_limit", s, true);

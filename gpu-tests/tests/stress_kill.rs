@@ -8,11 +8,6 @@ mod stress_util;
 use stress_util::*;
 use std::time::{Duration, Instant};
 
-#[test]
-fn worker_entry() {
-    worker_main();
-}
-
 const KINDS: [&str; 5] = ["churn", "launch", "vram", "paths", "lock"];
 
 fn capped(c: &mut std::process::Command) {

@@ -5,11 +5,6 @@ mod stress_util;
 use stress_util::*;
 use std::time::Duration;
 
-#[test]
-fn worker_entry() {
-    worker_main();
-}
-
 /// Freed device memory can be allocated again indefinitely: 1100 x (alloc 1 GiB, free) with at
 /// most 1 GiB live on an 8 GiB device. The mock hands out fresh fake addresses from a 1 TiB
 /// bump range per device that is never reused, so the 1025th GiB allocated over the process

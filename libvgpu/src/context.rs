@@ -19,11 +19,8 @@ use crate::sys::sig;
 use crate::memory::drain_ctx;
 use crate::runtime::{ProcState, Runtime};
 use std::ffi::{c_int, c_uint};
-use vgpu_core::ledger::accounted_size;
-use vgpu_core::region::{MemKind, ReserveError};
-
-/// Largest context charge we believe a measurement for.
-const MAX_CONTEXT_BYTES: u64 = 4 << 30;
+use vgpu_core::policy::context::{self as policy, Contexts, Refused};
+use vgpu_core::region::MemKind;
 
 /// `cuInit`: after a successful driver init, register in the region right away (so monitors see
 /// the process and the devices are recorded before the first allocation).
@@ -35,21 +32,13 @@ pub unsafe fn init(rt: &'static Runtime, real: sig::cuInit, flags: c_uint) -> CU
     r
 }
 
-/// Bytes to charge for a context given NVML readings around its creation.
-pub fn context_charge(before: Option<u64>, after: Option<u64>, default: u64) -> u64 {
-    match (before, after) {
-        (Some(b), Some(a)) if a >= b && a - b <= MAX_CONTEXT_BYTES => accounted_size(a - b),
-        _ => accounted_size(default),
-    }
-}
-
 /// Create a context on `dev` through `create` (returns the driver result) and charge its memory.
 /// `on_success` records it with the bytes charged. A context that does not fit under a cap that
 /// could hold it (others filled it) is given back with `undo` and refused with
 /// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers when a full GPU has no room for one:
 /// processes and contexts starting late cannot push the container over its cap.
 fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl FnOnce() -> CUresult,
-    undo: impl FnOnce(), on_success: impl FnOnce(&mut crate::runtime::Contexts, u64)) -> CUresult {
+    undo: impl FnOnce(), on_success: impl FnOnce(&mut Contexts, u64)) -> CUresult {
     // Measure under the device lock so no other process of the container changes the device's
     // usage meanwhile through us.
     let guard = match ps.region.lock_device(dev) {
@@ -69,33 +58,26 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
     }
     let after = nvml.and_then(driver::nvml_used);
     let default = rt.config.context_reserve(info.map_or(0, |d| d.physical_total));
-    // Best source: NVML's per-process figure for this very process (exact, immune to other
-    // tenants), available when NVML lists our PID (shared PID namespace); not listed before the
-    // process's first context on the device: nothing held there yet.
-    let own = nvml
-        .and_then(|h| driver::nvml_process_used(h, ps.pid))
-        .map(|a| a.saturating_sub(own_before.unwrap_or(0)))
-        .filter(|&b| b <= MAX_CONTEXT_BYTES);
-    let bytes = match own {
-        Some(b) => {
-            ps.region.set_hostpid(ps.slot, ps.pid as i32);
-            accounted_size(b)
-        }
-        None => context_charge(before, after, default),
-    };
+    // Best source: NVML's per-process figure for this very process, when NVML lists our PID
+    // (shared PID namespace: the host PID is ours).
+    let own = policy::own_growth(own_before, nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)));
+    let charge = policy::charge(own, before, after, default);
+    if charge.own {
+        ps.region.set_hostpid(ps.slot, ps.pid as i32);
+    }
+    let bytes = charge.bytes;
     match &guard {
         Some(g) => match g.try_reserve(ps.slot, MemKind::Context, bytes) {
             Ok(()) => {}
-            // A cap smaller than one context (a fail-closed 0 included) can never hold it:
-            // charge it anyway and let every allocation be refused, rather than fail the
-            // program before it can even ask the device anything.
-            Err(ReserveError::OverLimit { limit, .. }) if bytes > limit => g.charge(ps.slot, MemKind::Context, bytes),
-            Err(e) => {
-                drop(guard);
-                undo();
-                vgpu_core::info!("device {dev}: a new context ({bytes} bytes) does not fit under the cap ({e}): CUDA_ERROR_OUT_OF_MEMORY");
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
+            Err(e) => match policy::on_refused(bytes, &e) {
+                Refused::ChargeAnyway => g.charge(ps.slot, MemKind::Context, bytes),
+                Refused::OutOfMemory => {
+                    drop(guard);
+                    undo();
+                    vgpu_core::info!("device {dev}: a new context ({bytes} bytes) does not fit under the cap ({e}): CUDA_ERROR_OUT_OF_MEMORY");
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+            },
         },
         None => charge_unlocked(ps, dev, bytes),
     }
@@ -117,17 +99,10 @@ fn context_gone(ps: &ProcState, dev: usize, ctx: u64, bytes: u64) {
     vgpu_core::debug!("device {dev}: context destroyed, released {bytes} bytes of context memory and its allocations");
 }
 
-/// After a primary context reference went away: when none is left, the primary context is gone.
-fn maybe_release_primary(ps: &ProcState, dev: usize) {
-    let released = {
-        let mut c = ps.contexts();
-        if c.primary_refs[dev] > 0 || !c.active[dev] {
-            None
-        } else {
-            c.active[dev] = false;
-            Some((std::mem::take(&mut c.charged[dev]), std::mem::take(&mut c.primary_ctx[dev])))
-        }
-    };
+/// After a primary context reference went away (every one with `reset`): when none is left, the
+/// primary context is gone.
+fn release_primary(ps: &ProcState, dev: usize, reset: bool) {
+    let released = ps.contexts().primary_released(dev, reset);
     if let Some((bytes, ctx)) = released {
         context_gone(ps, dev, ctx as u64, bytes);
         crate::physmem::settle_device(ps, dev);
@@ -147,16 +122,12 @@ pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtx
             unsafe { *pctx = std::ptr::null_mut() };
         }
     };
-    let record = |c: &mut crate::runtime::Contexts, bytes: u64| {
-        c.primary_refs[d] = c.primary_refs[d].saturating_add(1);
-        c.charged[d] = c.charged[d].saturating_add(bytes);
-        c.active[d] = true;
-        if !pctx.is_null() {
-            // SAFETY: the driver wrote the primary context on success.
-            c.primary_ctx[d] = unsafe { *pctx } as usize;
-        }
+    let record = |c: &mut Contexts, bytes: u64| {
+        // SAFETY: the driver wrote the primary context on success.
+        let ctx = (!pctx.is_null()).then(|| unsafe { *pctx } as usize);
+        c.primary_retained(d, bytes, ctx);
     };
-    if ps.contexts().primary_refs[d] > 0 {
+    if !ps.contexts().primary_needs_charge(d) {
         // The primary context exists: a reference costs nothing.
         let r = real(pctx, dev);
         if r == CUDA_SUCCESS {
@@ -174,11 +145,7 @@ pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCt
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
     let Some(d) = ps.dev_index(dev) else { return r };
-    {
-        let mut c = ps.contexts();
-        c.primary_refs[d] = c.primary_refs[d].saturating_sub(1);
-    }
-    maybe_release_primary(ps, d);
+    release_primary(ps, d, false);
     r
 }
 
@@ -189,8 +156,7 @@ pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxR
     }
     let Some(ps) = rt.proc_if_ready() else { return r };
     let Some(d) = ps.dev_index(dev) else { return r };
-    ps.contexts().primary_refs[d] = 0;
-    maybe_release_primary(ps, d);
+    release_primary(ps, d, true);
     r
 }
 
@@ -277,29 +243,7 @@ pub unsafe fn green_destroy(rt: &'static Runtime, real: sig::cuGreenCtxDestroy, 
     let Some(ps) = rt.proc_if_ready() else { return r };
     let gone = ps.contexts().created.remove(&(green as usize));
     if let Some((d, bytes)) = gone {
-        context_gone(ps, d, alloc_ctx(ctx, green), bytes);
+        context_gone(ps, d, policy::green_alloc_ctx(ctx, green as u64), bytes);
     }
     r
-}
-
-/// The context whose allocations a green context's destruction frees (its own handle when the
-/// driver could not say).
-fn alloc_ctx(ctx: u64, green: CUgreenCtx) -> u64 {
-    if ctx != 0 { ctx } else { green as u64 }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn charge_rules() {
-        assert_eq!(context_charge(Some(100 * MIB), Some(620 * MIB), 512 * MIB), 520 * MIB);
-        assert_eq!(context_charge(Some(0), Some(3 * MIB), 512 * MIB), 4 * MIB); // 2 MiB pages
-        assert_eq!(context_charge(Some(5), Some(5), 512 * MIB), 0); // measured nothing
-        assert_eq!(context_charge(None, Some(5), 512 * MIB), 512 * MIB); // no NVML
-        assert_eq!(context_charge(Some(10 * MIB), Some(MIB), 512 * MIB), 512 * MIB); // negative
-        assert_eq!(context_charge(Some(0), Some(8 << 30), 512 * MIB), 512 * MIB); // implausible
-    }
 }

@@ -1,4 +1,5 @@
-//! Memory info as the container should see it: a device whose total is the cap.
+//! Memory info as the container should see it: a device whose total is the cap
+//! (`vgpu_core::policy::meminfo` computes it).
 //! * `cuMemGetInfo`: total = min(cap, physical total); free = min(total - container usage,
 //!   physical free), saturating at 0.
 //! * `cuDeviceTotalMem`: min(cap, physical).
@@ -10,13 +11,7 @@ use crate::ffi::*;
 use crate::sys::sig;
 use crate::runtime::Runtime;
 use std::ffi::c_uint;
-
-/// (free, total) the program should see, from the physical values.
-pub fn virtual_info(phys_free: u64, phys_total: u64, cap: u64, used: u64) -> (u64, u64) {
-    let total = cap.min(phys_total);
-    let free = total.saturating_sub(used).min(phys_free);
-    (free, total)
-}
+use vgpu_core::policy::meminfo::{clamp_u32, virtual_info, virtual_total};
 
 /// Virtualized (free, total) of the current device, or `None` to leave the driver's answer.
 fn current_virtual(rt: &Runtime, phys_free: u64, phys_total: u64) -> Option<(u64, u64)> {
@@ -46,8 +41,8 @@ pub unsafe fn mem_get_info_v1(rt: &'static Runtime, real: sig::cuMemGetInfo, fre
     }
     let (pf, pt) = driver::mem_get_info().unwrap_or((*free as u64, *total as u64));
     if let Some((f, t)) = current_virtual(rt, pf, pt) {
-        *free = f.min(u32::MAX as u64) as c_uint;
-        *total = t.min(u32::MAX as u64) as c_uint;
+        *free = clamp_u32(f);
+        *total = clamp_u32(t);
     }
     r
 }
@@ -55,7 +50,7 @@ pub unsafe fn mem_get_info_v1(rt: &'static Runtime, real: sig::cuMemGetInfo, fre
 fn capped_total(rt: &Runtime, dev: CUdevice, phys: u64) -> Option<u64> {
     let ps = rt.proc()?;
     let d = ps.dev_index(dev)?;
-    Some(ps.limit(d)?.min(phys))
+    Some(virtual_total(phys, ps.limit(d)?))
 }
 
 pub unsafe fn device_total_mem(rt: &'static Runtime, real: sig::cuDeviceTotalMem_v2, bytes: *mut usize, dev: CUdevice) -> CUresult {
@@ -76,25 +71,7 @@ pub unsafe fn device_total_mem_v1(rt: &'static Runtime, real: sig::cuDeviceTotal
     }
     let phys = driver::device_total_mem(dev).unwrap_or(*bytes as u64);
     if let Some(t) = capped_total(rt, dev, phys) {
-        *bytes = t.min(u32::MAX as u64) as c_uint;
+        *bytes = clamp_u32(t);
     }
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    const GIB: u64 = 1 << 30;
-
-    #[test]
-    fn virtualization() {
-        // 4 GiB cap on an 80 GiB device, 1 GiB used by the container, plenty physically free.
-        assert_eq!(virtual_info(70 * GIB, 80 * GIB, 4 * GIB, GIB), (3 * GIB, 4 * GIB));
-        // physically nearly full: free is the physical free
-        assert_eq!(virtual_info(GIB / 2, 80 * GIB, 4 * GIB, GIB), (GIB / 2, 4 * GIB));
-        // over the cap (cap lowered at run time): free saturates at 0
-        assert_eq!(virtual_info(70 * GIB, 80 * GIB, 4 * GIB, 5 * GIB), (0, 4 * GIB));
-        // oversubscribed cap above physical: total is physical
-        assert_eq!(virtual_info(70 * GIB, 80 * GIB, 100 * GIB, 0), (70 * GIB, 80 * GIB));
-    }
 }

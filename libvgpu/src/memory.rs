@@ -23,79 +23,11 @@ use crate::physmem::{reserve, unreserve};
 use crate::runtime::{Ledgers, ProcState, Runtime};
 use std::ffi::c_uint;
 use vgpu_core::ledger::{accounted_size, Allocation, Ledger};
+use vgpu_core::policy::array::{self, array_bytes, mipmapped_bytes, pitch_estimate, Settle};
 use vgpu_core::region::MemKind;
 
-// ---------------------------------------------------------------------------------------------
-// Pure size math (unit-tested)
-
-/// Storage of one texel of `format` with `channels` channels, in bits; for block-compressed
-/// formats the per-texel share of a 4x4 block. `None` for formats we do not know (they are
-/// charged as 16 bytes per texel, the widest known format, rather than not at all).
-pub fn texel_bits(format: CUarray_format, channels: u32) -> Option<u64> {
-    let ch = channels.max(1) as u64;
-    Some(match format {
-        0x01 | 0x08 => 8 * ch,             // (un)signed int8
-        0x02 | 0x09 | 0x10 => 16 * ch,     // (un)signed int16, half
-        0x03 | 0x0a | 0x20 => 32 * ch,     // (un)signed int32, float
-        0xc0 | 0xc6 => 8,                  // unorm/snorm int8 x1
-        0xc1 | 0xc7 | 0xc3 | 0xc9 => 16,   // int8 x2, int16 x1
-        0xc2 | 0xc8 | 0xc4 | 0xca => 32,   // int8 x4, int16 x2
-        0xc5 | 0xcb => 64,                 // int16 x4
-        0x91 | 0x92 | 0x97 | 0x98 => 4,    // BC1, BC4: 8 bytes per 16 texels
-        0x93..=0x96 | 0x99..=0x9e => 8,    // BC2, BC3, BC5, BC6H, BC7: 16 bytes per 16 texels
-        0xb0 => 12,                        // NV12: 8-bit 4:2:0
-        0x9f | 0xa1 => 24,                 // P010, P016: 16-bit 4:2:0
-        0xa2 | 0xa5 => 16,                 // NV16, YUY2: 8-bit 4:2:2
-        0xa3 | 0xa4 | 0xa6 | 0xa7 => 32,   // P210, P216, Y210, Y216: 16-bit 4:2:2
-        0xa8 | 0xa9 | 0x50 => 32,          // AYUV, Y410, 10-10-10-2
-        0xb1 => 64,                        // Y416
-        0xb2 | 0xb4 => 24,                 // 8-bit 4:4:4 planar / semi-planar
-        0xb3 | 0xb5 => 48,                 // 10/16-bit 4:4:4
-        _ => return None,
-    })
-}
-
-fn is_block_compressed(format: CUarray_format) -> bool {
-    matches!(format, 0x91..=0x9e)
-}
-
-/// Bytes of one array level of `w x h x d` texels (0 extents count as 1).
-pub fn level_bytes(format: CUarray_format, channels: u32, w: u64, h: u64, d: u64) -> u64 {
-    let (mut w, mut h) = (w.max(1), h.max(1));
-    if is_block_compressed(format) {
-        w = w.div_ceil(4) * 4;
-        h = h.div_ceil(4) * 4;
-    }
-    let bits = texel_bits(format, channels).unwrap_or(128) as u128;
-    let total = w as u128 * h as u128 * d.max(1) as u128 * bits;
-    u64::try_from(total.div_ceil(8)).unwrap_or(u64::MAX)
-}
-
-/// Bytes of a CUDA array (layers and cubemap faces are in `depth`, as the API defines them).
-pub fn array_bytes(format: CUarray_format, channels: u32, w: u64, h: u64, d: u64) -> u64 {
-    level_bytes(format, channels, w, h, d)
-}
-
-/// Bytes of a mipmapped array: the sum over `levels` levels, each halving width/height (and depth
-/// for true 3D arrays; layered and cubemap arrays keep their layer/face count).
-pub fn mipmapped_bytes(format: CUarray_format, channels: u32, w: u64, h: u64, d: u64, flags: u32, levels: u32) -> u64 {
-    let keep_depth = flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP) != 0;
-    let mut sum: u64 = 0;
-    for l in 0..levels.clamp(1, 64) {
-        let shrink = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
-        let dl = if keep_depth { d } else { shrink(d) };
-        sum = sum.saturating_add(level_bytes(format, channels, shrink(w), shrink(h), dl));
-        if (w >> l) <= 1 && (h >> l) <= 1 && (keep_depth || (d >> l) <= 1) {
-            break;
-        }
-    }
-    sum
-}
-
-/// Upper estimate of the pitch the driver picks for a row of `width` bytes.
-pub fn pitch_estimate(width: u64) -> u64 {
-    width.div_ceil(512).saturating_mul(512)
-}
+// The size arithmetic is `vgpu_core::policy::array`'s; its flags are cuda.h's.
+const _: () = assert!(CUDA_ARRAY3D_LAYERED == array::ARRAY3D_LAYERED && CUDA_ARRAY3D_CUBEMAP == array::ARRAY3D_CUBEMAP);
 
 // ---------------------------------------------------------------------------------------------
 // Accounting helpers
@@ -271,14 +203,16 @@ pub unsafe fn mem_alloc_pitch<T: DevPtr, P: Word>(rt: &'static Runtime,
 /// if the real size does not fit.
 fn settle_pitch(ps: &ProcState, dev: usize, est: u64, real_bytes: u64, key: u64, free: impl FnOnce()) -> CUresult {
     let actual = accounted_size(real_bytes);
-    if actual > est {
-        if let Err(e) = reserve(ps, dev, actual - est, "cuMemAllocPitch") {
-            free();
-            unreserve(ps, dev, est);
-            return e;
+    match array::settle_pitch(est, actual) {
+        Settle::Keep => {}
+        Settle::ReserveMore(more) => {
+            if let Err(e) = reserve(ps, dev, more, "cuMemAllocPitch") {
+                free();
+                unreserve(ps, dev, est);
+                return e;
+            }
         }
-    } else if actual < est {
-        unreserve(ps, dev, est - actual);
+        Settle::GiveBack(less) => unreserve(ps, dev, less),
     }
     record(ps, ptrs, key, dev, actual);
     CUDA_SUCCESS
@@ -390,60 +324,5 @@ pub fn drain_ctx(ps: &ProcState, ctx: u64) {
     };
     for a in drained {
         ps.region.release(ps.slot, a.dev, a.kind, a.bytes_accounted);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn basic_formats() {
-        assert_eq!(array_bytes(0x01, 1, 1024, 1024, 1), MIB); // uint8
-        assert_eq!(array_bytes(0x20, 4, 1024, 256, 1), 4 * MIB); // float4
-        assert_eq!(array_bytes(0x10, 2, 1024, 1024, 2), 8 * MIB); // half2, depth 2
-        assert_eq!(array_bytes(0x03, 1, 100, 0, 0), 400); // 1D: zero extents count as 1
-    }
-
-    #[test]
-    fn packed_and_compressed() {
-        assert_eq!(array_bytes(0xc2, 4, 256, 256, 1), 256 * 256 * 4); // unorm int8x4 ignores channels
-        assert_eq!(array_bytes(0x91, 4, 256, 256, 1), 256 * 256 / 2); // BC1: half a byte per texel
-        assert_eq!(array_bytes(0x91, 4, 5, 5, 1), 8 * 8 / 2); // BC rounds to 4x4 blocks
-        assert_eq!(array_bytes(0x9d, 4, 256, 256, 1), 256 * 256); // BC7: a byte per texel
-        assert_eq!(array_bytes(0xb0, 1, 1920, 1080, 1), 1920 * 1080 * 3 / 2); // NV12
-    }
-
-    #[test]
-    fn unknown_format_is_charged_wide() {
-        assert_eq!(array_bytes(0x7777, 1, 10, 10, 1), 100 * 16);
-    }
-
-    #[test]
-    fn huge_saturates() {
-        assert_eq!(array_bytes(0x20, 4, u32::MAX as u64 * 4, u32::MAX as u64 * 4, u32::MAX as u64), u64::MAX);
-    }
-
-    #[test]
-    fn mipmaps() {
-        // 8x8 uint8, full chain: 64 + 16 + 4 + 1
-        assert_eq!(mipmapped_bytes(0x01, 1, 8, 8, 0, 0, 10), 85);
-        // 2 levels only
-        assert_eq!(mipmapped_bytes(0x01, 1, 8, 8, 0, 0, 2), 80);
-        // layered: depth (layers) never shrinks
-        assert_eq!(mipmapped_bytes(0x01, 1, 4, 4, 3, CUDA_ARRAY3D_LAYERED, 3), (16 + 4 + 1) * 3);
-        // 3D: depth shrinks too
-        assert_eq!(mipmapped_bytes(0x01, 1, 4, 4, 4, 0, 3), 64 + 8 + 1);
-        // cubemap: 6 faces kept
-        assert_eq!(mipmapped_bytes(0x20, 1, 2, 2, 6, CUDA_ARRAY3D_CUBEMAP, 2), (4 + 1) * 4 * 6);
-    }
-
-    #[test]
-    fn pitch() {
-        assert_eq!(pitch_estimate(1), 512);
-        assert_eq!(pitch_estimate(512), 512);
-        assert_eq!(pitch_estimate(513), 1024);
-        assert_eq!(pitch_estimate(0), 0);
     }
 }

@@ -3,7 +3,8 @@
 //! Every `TICK`: recompute `caps::GATE` from the shared region (so `shrreg-tool --set-sm-limit`,
 //! `--suspend` and the HAMi monitor's fields take effect in running processes within a tick),
 //! flush pending limiter occupancy, close utilization windows and publish this process's
-//! SM utilization and last-kernel time into the HAMi v1 fields the monitor exports.
+//! SM utilization and last-kernel time into the HAMi v1 fields the monitor exports. What it
+//! publishes, when, and the growth it charges are `vgpu_core::policy::monitor`'s decisions.
 
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use vgpu_core::limiter::calibrate::{NvmlMean, Window};
 use vgpu_core::limiter::tenants::{Reading, TenantSignal};
 use vgpu_core::ledger::Growth;
+use vgpu_core::policy::monitor::{self as policy, Adjust, GateStats};
 use vgpu_core::region::MemKind;
 use vgpu_core::MAX_DEVICES;
 
@@ -19,8 +21,6 @@ use crate::runtime::{ProcState, Runtime};
 
 /// Monitor period: bounds how late a runtime cap change or a suspend takes effect.
 const TICK: Duration = Duration::from_millis(100);
-/// Stats are published every this many ticks (HAMi fields and per-process utilization).
-const PUBLISH_EVERY: u32 = 2;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 
@@ -48,15 +48,6 @@ pub(crate) fn after_fork_child() {
     crate::launch::after_fork_child();
 }
 
-/// What the monitor last learned from one device's gate (kept across ticks on which the gate
-/// was busy, so counters never drop and rates divide by the time they really cover).
-#[derive(Clone, Copy, Default)]
-struct GateStats {
-    busy_ns: u64,
-    launches: u64,
-    at_ns: u64,
-}
-
 fn run(rt: &'static Runtime) {
     let mut stats = [GateStats::default(); MAX_DEVICES];
     let mut tick = 0u32;
@@ -71,9 +62,12 @@ fn run(rt: &'static Runtime) {
         vgpu_core::clock::calibrate();
         // Re-read each tick: a forked child replaces the process state.
         let Some(ps) = rt.proc_if_ready() else { continue };
-        region_upkeep(ps, tick);
+        let when = policy::schedule(tick);
+        if when.upkeep {
+            region_upkeep(ps);
+        }
         refresh_gate(rt, ps);
-        if !tick.is_multiple_of(PUBLISH_EVERY) {
+        if !when.publish {
             continue;
         }
         let now = vgpu_core::clock::now_ns();
@@ -82,14 +76,10 @@ fn run(rt: &'static Runtime) {
         crate::launch::flush_and_report(ps, |dev, fresh| {
             gated[dev] = true;
             let Some((busy, n)) = fresh else { return }; // gate busy: keep the last values
-            let last = stats[dev];
-            if last.at_ns > 0 && now > last.at_ns {
-                let delta = busy.saturating_sub(last.busy_ns);
-                let pct = (delta.saturating_mul(100) / (now - last.at_ns)).min(100);
-                ps.region.set_proc_sm_util(ps.slot, dev, pct);
-                launched[dev] = delta > 0 || n > last.launches;
+            if let Some(sample) = stats[dev].advance(busy, n, now) {
+                ps.region.set_proc_sm_util(ps.slot, dev, sample.util_pct);
+                launched[dev] = sample.launched;
             }
-            stats[dev] = GateStats { busy_ns: busy, launches: n, at_ns: now };
         });
         let any_launch = LAUNCHED.swap(false, AcqRel);
         for dev in 0..ps.devices.len() {
@@ -104,7 +94,7 @@ fn run(rt: &'static Runtime) {
             let device_util = observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
             let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
             calibrate_charge(ps, dev, device_util, cap, tenants[dev].alone, &mut nvml_means[dev], now);
-            if tick.is_multiple_of(PUBLISH_EVERY * 5) {
+            if when.growth {
                 follow_growth(ps, dev, nvml_handles[dev], &mut growth[dev]);
             }
         }
@@ -112,8 +102,9 @@ fn run(rt: &'static Runtime) {
             vgpu_core::debug!("launch gate: {}", crate::launch::COUNTERS.summary());
         }
         let ext = ps.region.slot_ext(ps.slot);
-        ext.busy_ns.store(stats.iter().map(|s| s.busy_ns).sum(), Relaxed);
-        ext.launches.store(stats.iter().map(|s| s.launches).sum(), Relaxed);
+        let (busy_ns, launches) = policy::totals(&stats);
+        ext.busy_ns.store(busy_ns, Relaxed);
+        ext.launches.store(launches, Relaxed);
         if any_launch || launched.iter().any(|&l| l) {
             ps.region.set_last_kernel_time(vgpu_core::clock::unix_seconds());
             ext.last_launch_ns.store(now, Relaxed);
@@ -146,12 +137,15 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
 /// while the container is alone on the device; each second, the container's scale moves towards
 /// NVML's busy time per measured ns.
 fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u32>, alone: bool, mean: &mut NvmlMean, now: u64) {
-    let Some(cap) = cap.filter(|_| alone) else {
-        if mean.is_running() {
-            vgpu_core::debug!("device {dev}: charge calibration paused ({})", if alone { "no cap" } else { "another tenant" });
+    let cap = match policy::calibration_cap(cap, alone) {
+        Ok(cap) => cap,
+        Err(why) => {
+            if mean.is_running() {
+                vgpu_core::debug!("device {dev}: charge calibration paused ({why})");
+            }
+            mean.reset();
+            return;
         }
-        mean.reset();
-        return;
     };
     let Some(util) = util else { return }; // one missed NVML reading: skip it
     let bucket = ps.region.bucket(dev);
@@ -169,14 +163,12 @@ fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u
 /// grows after it was measured), from NVML's per-process figure, when NVML can see our process
 /// (host PID known). Over the cap, later allocations are refused: the host stays under it.
 fn follow_growth(ps: &ProcState, dev: usize, handle: Option<usize>, g: &mut Growth) {
-    let hostpid = ps.region.slot_hostpid(ps.slot);
-    let Some(h) = handle.filter(|_| hostpid > 0) else { return };
-    let Some(held) = crate::driver::nvml_process_used(h as crate::ffi::nvmlDevice_t, hostpid as u32) else { return };
-    let delta = g.update(held, ps.region.proc_used(ps.slot, dev));
-    if delta > 0 {
-        ps.region.charge(ps.slot, dev, MemKind::Context, delta as u64);
-    } else if delta < 0 {
-        ps.region.release(ps.slot, dev, MemKind::Context, delta.unsigned_abs());
+    let Some(h) = handle else { return };
+    let held = |pid| crate::driver::nvml_process_used(h as crate::ffi::nvmlDevice_t, pid);
+    match policy::follow_growth(g, ps.region.slot_hostpid(ps.slot), held, || ps.region.proc_used(ps.slot, dev)) {
+        Some(Adjust::Charge(b)) => ps.region.charge(ps.slot, dev, MemKind::Context, b),
+        Some(Adjust::Release(b)) => ps.region.release(ps.slot, dev, MemKind::Context, b),
+        None => {}
     }
 }
 
@@ -188,36 +180,25 @@ fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched
     let h = h as crate::ffi::nvmlDevice_t;
     let hostpid = ps.region.slot_hostpid(ps.slot);
     let since = *seen_us;
-    *seen_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-        .saturating_sub(2_000_000);
-    let proc_util = if hostpid > 0 {
-        crate::driver::nvml_process_sm_util(h, hostpid as u32, since).unwrap_or(0)
-    } else if launched {
-        crate::driver::nvml_gpu_util(h).unwrap_or(0)
-    } else {
-        0
-    };
-    ps.region.set_proc_sm_util(ps.slot, dev, proc_util as u64);
-    // The container-wide figure: only a process that launched writes it (an idle process of the
-    // container must not zero it), with the device's utilization.
-    if launched {
-        let dev_util = crate::driver::nvml_gpu_util(h).unwrap_or(proc_util);
-        ps.region.limiter(dev).util_centi_percent.store(dev_util as u64 * 100, Relaxed);
+    *seen_us = policy::nvml_next_since(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0),
+    );
+    let util = policy::nvml_util(
+        hostpid,
+        launched,
+        |pid| crate::driver::nvml_process_sm_util(h, pid, since),
+        || crate::driver::nvml_gpu_util(h),
+    );
+    ps.region.set_proc_sm_util(ps.slot, dev, util.proc_util as u64);
+    if let Some(u) = util.container_util {
+        ps.region.limiter(dev).util_centi_percent.store(u as u64 * 100, Relaxed);
     }
 }
 
-/// Every `UPKEEP_EVERY` ticks: re-attach when the region file was deleted or replaced (one
-/// `lstat`), and reap slots of processes that died without cleaning up (never waits for the table
-/// lock) so lock-free readers such as HAMi's monitor see only live processes.
-const UPKEEP_EVERY: u32 = 10;
-
-fn region_upkeep(ps: &ProcState, tick: u32) {
-    if !tick.is_multiple_of(UPKEEP_EVERY) {
-        return;
-    }
+/// On upkeep ticks: re-attach when the region file was deleted or replaced (one `lstat`), and
+/// reap slots of processes that died without cleaning up (never waits for the table lock) so
+/// lock-free readers such as HAMi's monitor see only live processes.
+fn region_upkeep(ps: &ProcState) {
     if let Err(e) = ps.region.reattach_if_replaced() {
         vgpu_core::error!("the shared region was deleted or replaced and re-attaching failed ({e}); keeping the old one");
     }

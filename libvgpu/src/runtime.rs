@@ -90,21 +90,7 @@ pub struct Ledgers {
     pub phys: Phys,
 }
 
-/// Context bookkeeping: every context is charged its device memory while it lives (the primary
-/// context of a device from its first retain to its last release, created and green contexts
-/// from creation to destruction).
-#[derive(Default)]
-pub struct Contexts {
-    pub primary_refs: [u32; MAX_DEVICES],
-    /// The primary context's handle per device (0 = none seen).
-    pub primary_ctx: [usize; MAX_DEVICES],
-    /// Created and green contexts -> (device index, bytes charged as MemKind::Context).
-    pub created: HashMap<usize, (usize, u64)>,
-    /// Bytes charged for the primary context per device (0 = none charged).
-    pub charged: [u64; MAX_DEVICES],
-    /// Whether the primary context's charge exists (a measured 0 is still a charge).
-    pub active: [bool; MAX_DEVICES],
-}
+pub use vgpu_core::policy::context::Contexts;
 
 /// Per-process state (replaced in a forked child).
 pub struct ProcState {

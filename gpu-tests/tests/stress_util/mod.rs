@@ -125,7 +125,7 @@ pub fn worker(mode: &str, s: &Scratch, hooked: bool) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut c = mock_command(&exe, s, hooked);
     mock_env(&mut c);
-    c.args(["worker_entry", "--exact", "--nocapture", "--test-threads", "1", "-q"]).env(MODE, mode);
+    c.env(MODE, mode);
     c.env_remove("MOCK_CUDA_FAULT").env_remove("MOCK_CUDA_DELAY");
     c
 }
@@ -435,10 +435,12 @@ fn env_u64(k: &str, default: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Dispatch of `STRESS_MODE`; returns false when not a worker (normal test run).
-pub fn worker_main() -> bool {
-    let Ok(mode) = std::env::var(MODE) else { return false };
-    match mode.as_str() {
+// A test binary that includes this module is a worker when `STRESS_MODE` is set (`worker`).
+gpu_tests::worker_entry!(MODE, worker_main);
+
+/// Dispatch of `STRESS_MODE`.
+fn worker_main(mode: &str) {
+    match mode {
         "churn" => churn(),
         "survivor" => survivor(),
         "lockholder" => lockholder(),
@@ -455,7 +457,6 @@ pub fn worker_main() -> bool {
         "alloc_exit" => alloc_exit(),
         m => panic!("unknown worker mode {m}"),
     }
-    true
 }
 
 /// `STRESS_THREADS` threads allocating/freeing 1 KiB..`STRESS_MAX_KIB` (holding up to 4 each) and launching
@@ -854,7 +855,8 @@ extern "C" fn on_usr2(_: i32) {
 
 /// The program's own SIGUSR1/SIGUSR2 handlers, installed before any CUDA call; then CUDA work
 /// (context, allocations, launches: the hook's runtime and monitor thread start); prints its
-/// SigCgt and `ready`, keeps launching until it saw 3 SIGUSR1 and 2 SIGUSR2 (or 10 s).
+/// SigCgt and `ready`, keeps launching until it saw 3 SIGUSR1 and 2 SIGUSR2 (or 10 s), printing
+/// `seen=USR1,USR2` whenever a count moved (so the sender can wait for each signal's delivery).
 fn signals() {
     unsafe {
         for (sig, h) in [(libc::SIGUSR1, on_usr1 as extern "C" fn(i32)), (libc::SIGUSR2, on_usr2)] {
@@ -880,7 +882,16 @@ fn signals() {
     println!("sigcgt={cgt}");
     println!("ready");
     let t = Instant::now();
-    while (USR1.load(Relaxed) < 3 || USR2.load(Relaxed) < 2) && t.elapsed() < Duration::from_secs(10) {
+    let mut shown = (0, 0);
+    loop {
+        let now = (USR1.load(Relaxed), USR2.load(Relaxed));
+        if now != shown {
+            println!("seen={},{}", now.0, now.1);
+            shown = now;
+        }
+        if (now.0 >= 3 && now.1 >= 2) || t.elapsed() > Duration::from_secs(10) {
+            break;
+        }
         assert_eq!(cu.launch(f, 4), 0);
         assert_eq!(cu.sync(), 0);
         std::thread::sleep(Duration::from_millis(1));

@@ -7,6 +7,7 @@ pub mod config;
 pub mod ledger;
 pub mod limiter;
 pub mod log;
+pub mod policy;
 pub mod region;
 pub mod size;
 

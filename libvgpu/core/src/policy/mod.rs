@@ -1,0 +1,15 @@
+//! The decisions the preload library's policies take, as pure functions over plain values: the
+//! cdylib's `memory`, `context`, `meminfo`, `nvml` and `monitor` modules read the driver, NVML and
+//! the region, call these, and write back what they return.
+//!
+//! * [`array`]: bytes of CUDA arrays, mipmapped arrays and pitched allocations.
+//! * [`context`]: what a context is charged, when a primary context is gone, refusing a context.
+//! * [`meminfo`]: the virtual device `cuMemGetInfo`, `cuDeviceTotalMem` and NVML report.
+//! * [`devmap`]: which container device an NVML device is, and which processes NVML may list.
+//! * [`monitor`]: what the monitor thread publishes from the gate's and NVML's readings.
+
+pub mod array;
+pub mod context;
+pub mod devmap;
+pub mod meminfo;
+pub mod monitor;
