@@ -253,3 +253,39 @@ fn an_absent_node_dir_changes_nothing() {
     assert!(!err.contains("node"), "an absent node dir was complained about: {err}");
     assert!(!dir.exists(), "the node dir was created");
 }
+
+/// A tenant that lies (claims priority 0 with work declared a minute ahead) holds a
+/// lower-priority container only while it keeps its heartbeat going; once it stops (frozen,
+/// or gone without its lock being released), the others resume within a second.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_lying_entry_holds_others_only_while_its_heartbeat_goes_on() {
+    use vgpu_core::node::{Entry, NodeFile};
+    let s = Scratch::new("node-liar");
+    let mut low = Bg::spawn(requests(&s, "lo", 1, 1000, 0, 30, &["--print-each"]), "low priority");
+    low.wait_line("req=200 ", Duration::from_secs(10));
+    let file = node_file(&s);
+    let uuid = file.file_stem().unwrap().to_str().unwrap().to_owned();
+    let liar = NodeFile::open(&node_dir(&s), &uuid, true).expect("open the node file as a tenant would");
+    let now = vgpu_core::clock::now_ns;
+    let idx = liar.claim(now()).expect("a free entry");
+    let lie = |t: u64| Entry { container: 0x11a8, priority: -7, heartbeat_ns: t, active_until_ns: t + 60_000_000_000, pid: 1, ..Entry::default() };
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert!(liar.write(idx, &lie(now())));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let t = Instant::now(); // the heartbeat stops here; the entry stays, its lock held
+    let held = low.times_of("req=", t - Duration::from_secs(1), t).len();
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = low.times_of("req=", t, Instant::now());
+    let ctx = low.text();
+    let first = after.first().map(|f| f.duration_since(t));
+    eprintln!("held: {held} requests in the last second of the lie; first completion {first:?} after its heartbeat stopped; {} in 2.5 s", after.len());
+    assert!(held <= 150, "a priority-0 entry with work declared did not hold the low-priority container: {held} requests/s\n{ctx}");
+    let first = first.unwrap_or_else(|| panic!("no request completed within 2.5 s of the liar's last heartbeat\n{ctx}"));
+    assert!(first <= Duration::from_millis(1000), "a stale lying entry held the low one for {first:?}\n{ctx}");
+    assert!(after.len() >= 900, "only {} requests in the 2.5 s after the lie went stale\n{ctx}", after.len());
+    drop(liar);
+    low.stop();
+}

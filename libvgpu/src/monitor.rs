@@ -72,6 +72,8 @@ fn run(rt: &'static Runtime) {
         // Re-read each tick: a forked child replaces the process state.
         let Some(ps) = rt.proc_if_ready() else { continue };
         region_upkeep(ps, tick);
+        let caps = |d: usize| (ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100), ps.region.soft_sm_limit(d));
+        crate::node::refresh(rt, ps, caps, LAUNCHED.load(Relaxed));
         refresh_gate(rt, ps);
         if !tick.is_multiple_of(PUBLISH_EVERY) {
             continue;

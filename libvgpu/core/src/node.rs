@@ -274,11 +274,12 @@ pub fn declare_until(now: u64, queued_est_ns: u64) -> u64 {
     now + queued_est_ns.min(MAX_DECLARE_NS) + DECLARE_SLACK_NS
 }
 
-/// May the soft cap apply? With a node view: when no other container there has work; without
-/// one, as before (`nvml_others_idle`, from NVML's process list and utilization).
-pub fn soft_cap_allowed(node: Option<&Peers>, nvml_others_idle: bool) -> bool {
-    match node {
-        Some(p) => !p.others_busy,
+/// May the soft cap apply? With a node view (`node_others_busy`, from `Peers::others_busy`):
+/// when no other container there has work; without one, as before (`nvml_others_idle`, from
+/// NVML's process list and utilization).
+pub fn soft_cap_allowed(node_others_busy: Option<bool>, nvml_others_idle: bool) -> bool {
+    match node_others_busy {
+        Some(busy) => !busy,
         None => nvml_others_idle,
     }
 }
