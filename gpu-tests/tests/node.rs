@@ -289,3 +289,41 @@ fn a_lying_entry_holds_others_only_while_its_heartbeat_goes_on() {
     drop(liar);
     low.stop();
 }
+
+/// `vgpu-smi` of the low-priority container shows both containers of the GPU (table, JSON,
+/// Prometheus) with priority, cap and utilization.
+#[test]
+#[serial(mock_gpu_timing)]
+fn vgpu_smi_shows_the_containers_of_the_gpu() {
+    use common::{metric_samples, Json};
+    let s = Scratch::new("node-smi");
+    let high = Bg::spawn(saturating(&s, "hi", 0, 1, &[]), "high priority");
+    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[("CUDA_DEVICE_SM_LIMIT", "50")]), "low priority");
+    low.wait_line("second=2 ", Duration::from_secs(10));
+    let smi = |args: &[&str]| -> String {
+        let out = gpu_tests::mock_command(&gpu_tests::artifacts().tool("vgpu-smi"), &s, false)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", s.dir.join("lo.cache"))
+            .env("VGPU_NODE_DIR", node_dir(&s))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "vgpu-smi {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let j = Json::parse(&smi(&["--json"]));
+    let cs = j.get("devices").arr()[0].get("node_containers").arr().to_vec();
+    let ctx = format!("{cs:?}\n{}\n{}", low.text(), high.text());
+    assert_eq!(cs.len(), 2, "{ctx}");
+    let (hi, lo) = (&cs[0], &cs[1]);
+    assert_eq!((hi.get("priority").num(), hi.get("own"), hi.get("sm_limit_percent")), (0.0, &Json::Bool(false), &Json::Null), "{ctx}");
+    assert_eq!((lo.get("priority").num(), lo.get("own"), lo.get("sm_limit_percent").num()), (1.0, &Json::Bool(true), 50.0), "{ctx}");
+    assert!(hi.get("utilization_percent").num() > 20.0, "the busy high-priority container shows no utilization: {ctx}");
+    let table = smi(&["--count", "1"]);
+    assert!(table.contains("Containers on the GPU") && table.contains("(this container)"), "{table}");
+    let m = smi(&["--metrics"]);
+    let prios: Vec<f64> = metric_samples(&m, "vgpu_node_container_priority").into_iter().map(|(_, v)| v).collect();
+    assert_eq!(prios, vec![0.0, 1.0], "{m}");
+    assert_eq!(metric_samples(&m, "vgpu_node_container_sm_limit_percent").len(), 2, "{m}");
+    low.stop();
+    high.stop();
+}
