@@ -23,6 +23,7 @@ const SAMPLES: &[(&str, Link)] = &[
     ("test_alloc", Link::Driver),
     ("test_vram_limit", Link::Driver),
     ("test_runtime_launch", Link::Driver),
+    ("test_requests", Link::Driver),
     ("test_alloc_paths", Link::Driver),
     ("test_procaddr", Link::DlopenOnly),
     ("test_rtld_next", Link::DriverRdynamic),

@@ -24,7 +24,7 @@ pub(crate) static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::
 pub(crate) fn refresh_gate(rt: &Runtime, ps: &ProcState) {
     let paused = ps.region.suspended() || low_priority_paused(rt, ps);
     let capped = (0..ps.devices.len()).any(|d| effective_cap(rt, ps, d).is_some());
-    GATE.store(paused || capped, Release);
+    GATE.store(paused || capped || crate::node::gating(), Release);
 }
 
 /// HAMi's monitor writes `recent_kernel = -1` to tell lower-priority containers to hold launches.
@@ -33,15 +33,17 @@ fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
 }
 
 /// The share `dev` may use right now. Hard cap from the live region value; the soft cap (if
-/// higher) while no other tenant uses the GPU (NVML) and HAMi's monitor does not demand the
-/// hard cap (`utilization_switch == 1`). `force` always applies the hard cap; `disable` never caps.
+/// higher) while no other tenant uses the GPU (the node file's view when there is one, else
+/// NVML's) and HAMi's monitor does not demand the hard cap (`utilization_switch == 1`). `force`
+/// always applies the hard cap; `disable` never caps.
 pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
     let policy = rt.config.policy;
     if policy == UtilPolicy::Disable {
         return None;
     }
     let hard = ps.region.sm_limit(dev).filter(|&p| p > 0 && p < 100)?;
-    if policy == UtilPolicy::Default && ps.region.utilization_switch() != 1 && OTHERS_IDLE[dev].load(Relaxed) {
+    let soft_allowed = vgpu_core::node::soft_cap_allowed(crate::node::others_busy(dev), OTHERS_IDLE[dev].load(Relaxed));
+    if policy == UtilPolicy::Default && ps.region.utilization_switch() != 1 && soft_allowed {
         if let Some(soft) = ps.region.soft_sm_limit(dev) {
             if soft > hard {
                 return (soft < 100).then_some(soft);

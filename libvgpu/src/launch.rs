@@ -375,10 +375,15 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     // When the gate says go, the same lock and capture-mode switch also prepare the launch.
     let mut prepared = None;
     hold(&mut SysClock, |now| {
+        // A higher-priority container has work on this GPU (node file): wait, bounded as any hold.
+        if crate::node::hold_now(rt, dev, now) {
+            return Step::Wait(vgpu_core::node::HOLD_POLL_NS);
+        }
         let mut g = lock(dev);
         let g = &mut *g;
         g.meter.contended = contended;
         g.meter.owner = owner;
+        g.meter.queue_bound_ns = crate::node::queue_bound(dev);
         let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
         match step {
             Step::Go => prepared = Some(prepare(g, key, record_on, ctx)),
@@ -436,6 +441,7 @@ fn gated_after(t: Gated, result: i32) {
     let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on) } else { None };
     g.meter.launched(t.key, t.start_ev, ev, t.submit_ns, &mut g.events);
     g.events.settle();
+    crate::node::declare(t.dev, t.submit_ns, g.meter.queued_est_ns());
 }
 
 #[cold]
@@ -450,6 +456,9 @@ fn gated_sync() {
     let g = &mut *g;
     g.meter.synced(&mut g.events, &ps.region.bucket(dev), now);
     g.events.settle();
+    if g.meter.pending_launches() == 0 {
+        crate::node::idle(dev, now);
+    }
 }
 
 /// Devices this process has gated launches on, and for each the cumulative busy time (ns) and
@@ -470,6 +479,10 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                 let now = vgpu_core::clock::now_ns();
                 g.meter.poll(&mut g.events, &ps.region.bucket(dev), now);
                 g.events.settle();
+                match g.meter.queued_est_ns() {
+                    0 => crate::node::idle(dev, now),
+                    queued => crate::node::declare(dev, now, queued),
+                }
                 report(dev, Some((g.meter.charged_total_ns, g.meter.launches())));
             }
             Err(_) => report(dev, None),

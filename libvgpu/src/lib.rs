@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod meminfo;
 pub mod memory;
 mod monitor;
+mod node;
 pub mod nvml;
 pub mod physmem;
 pub mod real;

@@ -66,6 +66,8 @@ fn run(rt: &'static Runtime) {
         if when.upkeep {
             region_upkeep(ps);
         }
+        let caps = |d: usize| (ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100), ps.region.soft_sm_limit(d));
+        crate::node::refresh(rt, ps, caps, LAUNCHED.load(Relaxed));
         refresh_gate(rt, ps);
         if !when.publish {
             continue;

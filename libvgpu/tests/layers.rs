@@ -13,6 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["sys"],                                   // the one list: typed real-function slots
     &["driver"],                                // safe wrappers over the slots
     &["runtime"],                               // per-process state: config, region, slot, devices, ledgers
+    &["node"],                                  // node-level file: priorities of the containers on a GPU
     &["caps", "physmem"],                       // gate flags and caps; reservations, VMM, pools, graphs
     &["launch", "memory"],                      // the launch gate; allocations and frees
     &["monitor", "context", "meminfo", "nvml"], // the monitor thread; contexts; virtual meminfo / NVML

@@ -105,6 +105,11 @@ impl Bg {
             .collect()
     }
 
+    /// Arrival times of the stdout lines starting with `prefix` that arrived in `[from, to]`.
+    pub fn times_of(&self, prefix: &str, from: Instant, to: Instant) -> Vec<Instant> {
+        self.lines.lock().unwrap().iter().filter(|(t, l)| *t >= from && *t <= to && l.starts_with(prefix)).map(|(t, _)| *t).collect()
+    }
+
     /// Wait (at most `limit`) for the process to exit by itself: (exit status, stdout). Panics
     /// with its output if it is still running then.
     pub fn outcome(mut self, limit: Duration) -> (ExitStatus, String) {

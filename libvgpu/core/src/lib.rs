@@ -1,5 +1,6 @@
 //! Pure policy for libvgpu, unit-tested without any FFI: configuration, size parsing, the shared
-//! region (HAMi v1 layout plus our extension), the per-process memory ledger and the compute limiter.
+//! region (HAMi v1 layout plus our extension), the per-process memory ledger, the compute limiter and the node-level view of the
+//! containers sharing a GPU (`node`).
 //! The preload library (`libvgpu`) and the tools (`vgpu-tools`) are thin layers over this crate.
 
 pub mod clock;
@@ -7,6 +8,7 @@ pub mod config;
 pub mod ledger;
 pub mod limiter;
 pub mod log;
+pub mod node;
 pub mod policy;
 pub mod region;
 pub mod size;

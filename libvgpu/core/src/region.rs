@@ -15,7 +15,7 @@
 //! the old or the new cap, never an uncapped device that should be capped.
 
 pub mod layout;
-mod lock;
+pub(crate) mod lock;
 
 pub use layout::*;
 pub use lock::{held_by_other as lock_held_by_other, LOCK_BASE, LOCK_DEVICE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};

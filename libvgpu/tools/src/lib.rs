@@ -52,6 +52,46 @@ pub struct DeviceView {
     /// Container's occupancy of the device, percent (from the limiter window).
     pub util_percent: f64,
     pub procs: Vec<ProcView>,
+    /// Containers in the node file of this GPU (`VGPU_NODE_DIR`, default `/tmp/vgpulock`), when
+    /// there is one: priority, caps and recent utilization of everyone sharing the GPU.
+    pub node: Vec<NodeContainer>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeContainer {
+    /// Container id (hex), as every process of that container writes it.
+    pub id: String,
+    /// This region's own container.
+    pub own: bool,
+    pub priority: i32,
+    pub sm_limit: Option<u32>,
+    pub soft_sm_limit: Option<u32>,
+    pub util_percent: f64,
+    /// Work queued or running right now (declared for lower priorities).
+    pub busy: bool,
+    pub processes: usize,
+}
+
+/// The live containers in the node file of GPU `uuid` (read-only: never created or written;
+/// a missing, foreign or corrupt file shows nothing).
+fn node_view(uuid: &str, own: Option<u64>) -> Vec<NodeContainer> {
+    let Some(dir) = vgpu_core::node::dir_from(std::env::var(vgpu_core::node::DIR_ENV).ok().as_deref()) else { return vec![] };
+    let Ok(file) = vgpu_core::node::NodeFile::open(&dir, uuid, false) else { return vec![] };
+    let Ok(slots) = file.read() else { return vec![] };
+    let pct = |p: u32| (p > 0 && p < 100).then_some(p);
+    vgpu_core::node::containers(&slots, vgpu_core::clock::now_ns())
+        .into_iter()
+        .map(|c| NodeContainer {
+            id: format!("{:016x}", c.container),
+            own: Some(c.container) == own,
+            priority: c.priority,
+            sm_limit: pct(c.cap),
+            soft_sm_limit: pct(c.soft_cap),
+            util_percent: c.util_centi as f64 / 100.0,
+            busy: c.busy,
+            processes: c.processes,
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -84,6 +124,10 @@ pub fn view(r: &Region) -> RegionView {
     let v1 = r.v1();
     // Only processes that are alive: a slot whose owner died without cleaning up is not shown.
     let slots: Vec<_> = r.live_slots().filter(|&s| r.slot_owner_alive(s)).collect();
+    let own = r.path().and_then(|p| std::fs::symlink_metadata(p).ok()).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        vgpu_core::node::container_id(m.dev(), m.ino())
+    });
     let devices = (0..shown_devices(r))
         .map(|d| {
             let usage: Vec<_> = slots.iter().map(|&s| (s, r.proc_usage(s, d))).collect();
@@ -114,6 +158,7 @@ pub fn view(r: &Region) -> RegionView {
                 soft_sm_limit: r.soft_sm_limit(d),
                 util_percent: r.recent_util_centi(d) as f64 / 100.0,
                 procs,
+                node: node_view(&r.uuid(d), own),
             }
         })
         .collect();
@@ -232,6 +277,27 @@ pub fn render_table(v: &RegionView) -> String {
         let _ = writeln!(o, "|  No running processes found                                                                   |");
     }
     let _ = writeln!(o, "{line}");
+    if v.devices.iter().any(|d| !d.node.is_empty()) {
+        let _ = writeln!(o, "| Containers on the GPU (node file):                                                            |");
+        let _ = writeln!(o, "| GPU | Container        | Prio |   SM cap |  Soft cap |     Util | Busy | Procs                   |");
+        for d in &v.devices {
+            for c in &d.node {
+                let _ = writeln!(
+                    o,
+                    "| {:>3} | {:<16} | {:>4} | {:>8} | {:>9} | {:>7.1}% | {:<4} | {:<23} |",
+                    d.index,
+                    c.id,
+                    c.priority,
+                    opt_pct(c.sm_limit),
+                    opt_pct(c.soft_sm_limit),
+                    c.util_percent,
+                    if c.busy { "yes" } else { "no" },
+                    format!("{}{}", c.processes, if c.own { " (this container)" } else { "" })
+                );
+            }
+        }
+        let _ = writeln!(o, "{line}");
+    }
     o
 }
 
@@ -270,6 +336,16 @@ pub fn to_json(v: &RegionView) -> serde_json::Value {
                 "soft_sm_limit_percent": d.soft_sm_limit,
                 "utilization_percent": d.util_percent,
                 "processes": procs,
+                "node_containers": d.node.iter().map(|c| json!({
+                    "container": c.id,
+                    "own": c.own,
+                    "priority": c.priority,
+                    "sm_limit_percent": c.sm_limit,
+                    "soft_sm_limit_percent": c.soft_sm_limit,
+                    "utilization_percent": c.util_percent,
+                    "busy": c.busy,
+                    "processes": c.processes,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -334,6 +410,13 @@ pub fn render_metrics(v: &RegionView, now_unix: u64) -> String {
         v.devices.iter().flat_map(|d| d.procs.iter().map(move |p| (format!("{},pid=\"{}\"", labels(d), p.pid), p.used.to_string()))).collect(),
     );
     family(&mut o, "vgpu_suspended", "1 when the container's launches are suspended", vec![(String::new(), (v.suspended as u8).to_string())]);
+    let node = |f: &dyn Fn(&NodeContainer) -> String| {
+        v.devices.iter().flat_map(|d| d.node.iter().map(move |c| (format!("device_uuid=\"{}\",container=\"{}\"", escape_label(&d.uuid), c.id), f(c)))).collect::<Vec<_>>()
+    };
+    family(&mut o, "vgpu_node_container_priority", "CUDA_TASK_PRIORITY of each container in the GPU's node file (0 = highest)", node(&|c| c.priority.to_string()));
+    family(&mut o, "vgpu_node_container_sm_limit_percent", "SM cap of each container in the GPU's node file (percent; 100 when uncapped)", node(&|c| c.sm_limit.unwrap_or(100).to_string()));
+    family(&mut o, "vgpu_node_container_utilization_ratio", "Recent SM utilization of each container in the GPU's node file (0..1)", node(&|c| format!("{}", c.util_percent / 100.0)));
+    family(&mut o, "vgpu_node_container_busy", "1 while the container declares work queued or running", node(&|c| (c.busy as u8).to_string()));
     o
 }
 

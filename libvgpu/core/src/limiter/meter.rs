@@ -189,11 +189,14 @@ pub struct Meter<E: Copy> {
     pub contended: bool,
     /// Which process of the container this is (nonzero; tells context switches from idle gaps).
     pub owner: u64,
+    /// Keep at most this much estimated GPU time queued, capped or not (a higher-priority
+    /// container shares the GPU: `node::LOWER_QUEUE_NS`). `None`: `QUEUE_TARGET_NS` under a cap.
+    pub queue_bound_ns: Option<u64>,
 }
 
 impl<E: Copy> Default for Meter<E> {
     fn default() -> Self {
-        Meter { streams: Vec::new(), charged_total_ns: 0, launches: 0, polled_ns: 0, contended: false, owner: 1 }
+        Meter { streams: Vec::new(), charged_total_ns: 0, launches: 0, polled_ns: 0, contended: false, owner: 1, queue_bound_ns: None }
     }
 }
 
@@ -297,20 +300,29 @@ impl<E: Copy> Meter<E> {
         if now.saturating_sub(self.polled_ns) >= POLL_SPACING_NS {
             self.poll(evs, bucket, now);
         }
-        let Some(cap) = cap.filter(|c| *c < 100) else {
+        let cap = cap.filter(|c| *c < 100);
+        let target = match (cap, self.queue_bound_ns) {
+            (Some(_), b) => b.unwrap_or(QUEUE_TARGET_NS).min(QUEUE_TARGET_NS),
+            (None, Some(b)) => b,
+            (None, None) => {
+                bucket.refill(now, 100);
+                return Step::Go;
+            }
+        };
+        let i = self.track(key, now);
+        // 1. Bound our queue: the GPU runs whatever is queued, budget or not.
+        if self.queued_est_ns() >= target && self.polled_ns != now {
+            self.poll(evs, bucket, now); // decide on fresh completions
+        }
+        if !self.streams[i].pending.is_empty() && self.queued_est_ns() >= target {
+            let due = self.streams[i].head_expected_end();
+            return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+        }
+        let Some(cap) = cap else {
             bucket.refill(now, 100);
             return Step::Go;
         };
         let cap = cap.max(1) as u64;
-        let i = self.track(key, now);
-        // 1. Bound our queue: the GPU runs whatever is queued, budget or not.
-        if self.queued_est_ns() >= QUEUE_TARGET_NS && self.polled_ns != now {
-            self.poll(evs, bucket, now); // decide on fresh completions
-        }
-        if !self.streams[i].pending.is_empty() && self.queued_est_ns() >= QUEUE_TARGET_NS {
-            let due = self.streams[i].head_expected_end();
-            return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
-        }
         // 2. Budget: closed until the debt is repaid, for every thread and process alike.
         let closed = bucket.s.closed_until_ns.load(Relaxed);
         if now < closed {
@@ -609,5 +621,23 @@ mod tests {
         evs.states.insert(1, EventState::Done(T0 + MS));
         evs.states.insert(2, EventState::Done(T0 + 2 * MS));
         assert_eq!(meter.gate(&mut evs, &b, Some(50), 1, T0 + 2 * MS), Step::Go);
+    }
+
+    #[test]
+    fn a_queue_bound_holds_uncapped_launches_behind_their_own_queue() {
+        // Below a higher-priority container (issue 14): at most about 1 ms queued, cap or not.
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        meter.queue_bound_ns = Some(MS);
+        assert_eq!(meter.gate(&mut evs, &b, None, 1, T0), Step::Go);
+        meter.launched(1, None, Some(1), T0, &mut evs);
+        assert!(matches!(meter.gate(&mut evs, &b, None, 1, T0 + 10_000), Step::Wait(_)), "1 ms queued");
+        evs.states.insert(1, EventState::Done(T0 + MS));
+        assert_eq!(meter.gate(&mut evs, &b, None, 1, T0 + MS), Step::Go);
+        // Under a cap the tighter of the two bounds applies.
+        meter.launched(1, None, Some(2), T0 + MS, &mut evs);
+        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0 + MS + 10_000), Step::Wait(_)));
+        meter.queue_bound_ns = None;
+        assert_eq!(meter.gate(&mut evs, &b, None, 1, T0 + MS + 10_000), Step::Go, "no bound, no cap: never waits");
     }
 }

@@ -1,0 +1,107 @@
+/*
+ * test_requests: a latency-sensitive service on the GPU. Each "request" launches the full-GPU
+ * spin kernel for --us microseconds on its own stream and synchronizes; its latency is the wall
+ * time from just before the launch to the synchronize's return. Between requests the program
+ * sleeps --gap-us microseconds (exponentially distributed around that mean with --random, fixed
+ * otherwise), so the GPU sees bursts of work with idle time in between.
+ *
+ *   --us US            kernel length in microseconds (default 2000)
+ *   --gap-us US        (mean) pause between requests in microseconds (default 20000)
+ *   --random           draw pauses from an exponential distribution (fixed seed)
+ *   --seconds N        time spent serving requests (default 5)
+ *   --idle-seconds N   then stay alive this long without launching (default 0)
+ *   --print-each       print `req=N lat_us=X` as each request completes
+ *
+ * Output: each second `second=K requests=N p50_us=X max_us=Y`; after serving `requests=N
+ * lat_p50_us= lat_p90_us= lat_p99_us= lat_max_us=`, then `idle=1` when it stops launching.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gpu.h"
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(double *sorted, int n, double p)
+{
+    if (n == 0)
+        return 0;
+    int i = (int)(p * (n - 1) + 0.5);
+    return sorted[i];
+}
+
+int main(int argc, char **argv)
+{
+    double us = 2000.0, gap_us = 20000.0;
+    int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0;
+    const struct opt opts[] = {
+        {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
+        {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
+        {"--random", OPT_FLAG, &random_gap, "exponentially distributed pauses (fixed seed)"},
+        {"--seconds", OPT_INT, &seconds, "time spent serving requests (default 5)"},
+        {"--idle-seconds", OPT_INT, &idle_seconds, "then stay alive without launching (default 0)"},
+        {"--print-each", OPT_FLAG, &print_each, "print req=N lat_us=X per request"},
+        {NULL, OPT_FLAG, NULL, NULL},
+    };
+    parse_opts(argc, argv, opts, "Timed requests: one kernel + synchronize each; report latencies.");
+    if (us <= 0 || gap_us < 0 || seconds <= 0 || idle_seconds < 0)
+        die("need --us > 0, --gap-us >= 0, --seconds > 0, --idle-seconds >= 0");
+    stop_on_signals();
+
+    struct gpu g;
+    gpu_open(&g, opt_device);
+    struct kernels k;
+    kernels_load(&k);
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    uint64_t cycles = spin_cycles(&g, us);
+    /* Warm-up request (first launch costs). */
+    CHECK(launch_spin(&g, &k, cycles, s));
+    CHECK(cuStreamSynchronize(s));
+    out("kernel_us=%.1f gap_us=%.1f serving=1\n", us, gap_us);
+
+    int cap = 1 << 16, n = 0, win_start = 0, second = 0;
+    double *lat = malloc(sizeof(double) * cap), *tmp = malloc(sizeof(double) * cap);
+    if (!lat || !tmp)
+        die("out of memory");
+    srand48(12345);
+    uint64_t t_start = now_ns(), t_win = t_start;
+    while (!stop_requested && now_ns() - t_start < (uint64_t)seconds * 1000000000ull && n < cap) {
+        uint64_t t0 = now_ns();
+        CHECK(launch_spin(&g, &k, cycles, s));
+        CHECK(cuStreamSynchronize(s));
+        lat[n++] = (double)(now_ns() - t0) / 1000.0;
+        if (print_each)
+            out("req=%d lat_us=%.0f\n", n, lat[n - 1]);
+        uint64_t t = now_ns();
+        if (t - t_win >= 1000000000ull) {
+            int m = n - win_start;
+            for (int i = 0; i < m; i++)
+                tmp[i] = lat[win_start + i];
+            qsort(tmp, m, sizeof(double), cmp_double);
+            out("second=%d requests=%d p50_us=%.0f max_us=%.0f\n", ++second, m, pct(tmp, m, 0.5), m ? tmp[m - 1] : 0.0);
+            win_start = n;
+            t_win = t;
+        }
+        double gap = random_gap ? -log(1.0 - drand48()) * gap_us : gap_us;
+        if (gap > 0)
+            sleep_ns((uint64_t)(gap * 1000.0));
+    }
+    qsort(lat, n, sizeof(double), cmp_double);
+    out("requests=%d lat_p50_us=%.0f lat_p90_us=%.0f lat_p99_us=%.0f lat_max_us=%.0f\n", n, pct(lat, n, 0.5),
+        pct(lat, n, 0.9), pct(lat, n, 0.99), n ? lat[n - 1] : 0.0);
+    out("idle=1\n");
+    uint64_t t_idle = now_ns();
+    while (!stop_requested && now_ns() - t_idle < (uint64_t)idle_seconds * 1000000000ull)
+        sleep_ns(10000000ull);
+    free(lat);
+    free(tmp);
+    CHECK(cuStreamDestroy_v2(s));
+    kernels_unload(&k);
+    gpu_close(&g);
+    return 0;
+}

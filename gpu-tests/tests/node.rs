@@ -1,0 +1,329 @@
+//! Node-level coordination on the mock GPU (issue 14): containers of one GPU (one mock state, a
+//! region each) meet in a node directory (`VGPU_NODE_DIR`, HAMi's `/tmp/vgpulock`). While a
+//! higher-priority container has work queued or running, lower-priority ones hold new launches;
+//! they resume when it goes idle; a SIGKILLed one stops holding anyone within a second; a corrupt
+//! or symlinked node file costs one log line and leaves today's behaviour.
+//!
+//! Latencies and rates are measured on the mock's shared timeline (wall time of a launch +
+//! synchronize, kernels per second), with tolerances for a loaded 2-core machine.
+
+mod common;
+mod hook_util;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{mean, Bg, Scratch};
+use hook_util::hooked;
+use serial_test::serial;
+
+/// One container: its own region in the scratch dir, the shared mock GPU, the node dir.
+fn container(s: &Scratch, name: &str, sample: &str, prio: u32, env: &[(&str, &str)]) -> Command {
+    let mut c = hooked(sample, s, None);
+    c.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", s.dir.join(format!("{name}.cache")))
+        .env("VGPU_NODE_DIR", node_dir(s))
+        .env("CUDA_TASK_PRIORITY", prio.to_string());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+fn node_dir(s: &Scratch) -> PathBuf {
+    let d = s.dir.join("vgpulock");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A saturating loop of 1 ms kernels, synchronizing every `sync_every` launches, until killed.
+fn saturating(s: &Scratch, name: &str, prio: u32, sync_every: u32, env: &[(&str, &str)]) -> Command {
+    let mut c = container(s, name, "test_runtime_launch", prio, env);
+    c.args(["--us", "1000", "--seconds", "0", "--sync-every", &sync_every.to_string()]);
+    c
+}
+
+/// Requests of `us` microseconds of GPU time each, `gap_us` apart.
+fn requests(s: &Scratch, name: &str, prio: u32, us: u32, gap_us: u32, seconds: u32, extra: &[&str]) -> Command {
+    let mut c = container(s, name, "test_requests", prio, &[]);
+    c.args(["--us", &us.to_string(), "--gap-us", &gap_us.to_string(), "--seconds", &seconds.to_string()]);
+    c.args(extra);
+    c
+}
+
+/// `key=` of the line that has it, as a number.
+fn field(text: &str, key: &str) -> f64 {
+    let pat = format!("{key}=");
+    text.lines()
+        .rev()
+        .find_map(|l| l.split_whitespace().find_map(|kv| kv.strip_prefix(pat.as_str())))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in:\n{text}"))
+}
+
+/// p50 latency (us) of a request run alone on a fresh mock GPU.
+fn alone_p50(us: u32, gap_us: u32) -> f64 {
+    let s = Scratch::new("node-alone");
+    let text = Bg::spawn(requests(&s, "hi", 0, us, gap_us, 3, &[]), "requests alone").finish(Duration::from_secs(15));
+    field(&text, "lat_p50_us")
+}
+
+fn sleep_until(t: Instant) {
+    if let Some(d) = t.checked_duration_since(Instant::now()) {
+        std::thread::sleep(d);
+    }
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn high_priority_requests_are_not_delayed_by_a_low_priority_saturating_container() {
+    let alone = alone_p50(2000, 15000);
+    let s = Scratch::new("node-prio");
+    // Without coordination the low one keeps up to 10 ms queued ahead of every request.
+    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
+    low.wait_line("second=1 ", Duration::from_secs(10));
+    let high = Bg::spawn(requests(&s, "hi", 0, 2000, 15000, 4, &[]), "high priority");
+    let text = high.finish(Duration::from_secs(20));
+    let (p50, p90) = (field(&text, "lat_p50_us"), field(&text, "lat_p90_us"));
+    eprintln!("request latency alone p50 {alone:.0} us; beside a low-priority saturating container p50 {p50:.0} p90 {p90:.0} us");
+    assert!(
+        p50 <= alone + 1500.0,
+        "high-priority p50 latency {p50:.0} us beside a low-priority saturating container, {alone:.0} us alone\n{text}\n{}",
+        low.text()
+    );
+    assert!(low.alive(), "the low-priority container died\n{}", low.text());
+    low.stop();
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn low_priority_holds_while_the_high_priority_one_works_and_resumes_when_it_goes_idle() {
+    let s = Scratch::new("node-resume");
+    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
+    low.wait_line("second=2 ", Duration::from_secs(10));
+    let before = mean(&low.rates(Instant::now() - Duration::from_secs(3), Instant::now()), "low rate alone");
+    // Busy back to back (5 ms requests, no pause) for 4 s, then idle but alive.
+    let mut high = Bg::spawn(requests(&s, "hi", 0, 5000, 0, 4, &["--idle-seconds", "6"]), "high priority");
+    high.wait_line("serving=1", Duration::from_secs(10));
+    let t = Instant::now();
+    high.wait_line("idle=1", Duration::from_secs(15));
+    let idle_at = Instant::now();
+    let during = low.rates(t + Duration::from_millis(1100), idle_at);
+    sleep_until(idle_at + Duration::from_millis(3200));
+    let after = low.rates(idle_at + Duration::from_millis(1100), Instant::now());
+    eprintln!("low priority: {before:.0}/s alone, {during:?} while the high one works, {after:?} after it went idle");
+    let ctx = format!("{}\n{}", low.text(), high.text());
+    let during = mean(&during, &format!("low rates while the high one works\n{ctx}"));
+    assert!(during <= 0.3 * before, "low priority ran {during:.0}/s beside a busy high-priority container ({before:.0}/s alone)\n{ctx}");
+    let after = mean(&after, &format!("low rates after the high one went idle\n{ctx}"));
+    assert!(after >= 0.7 * before, "low priority ran {after:.0}/s after the high-priority one went idle ({before:.0}/s alone)\n{ctx}");
+    high.stop();
+    low.stop();
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn two_low_priority_containers_split_what_the_high_one_leaves() {
+    // Uncapped rate of one low container alone (1 ms kernels, synchronized each).
+    let base = {
+        let s = Scratch::new("node-base");
+        let mut b = Bg::spawn(saturating(&s, "lo", 1, 1, &[]), "baseline");
+        b.wait_line("second=3 ", Duration::from_secs(10));
+        let r = mean(&b.rates(Instant::now() - Duration::from_millis(2500), Instant::now()), "baseline");
+        b.stop();
+        r
+    };
+    let s = Scratch::new("node-three");
+    let cap50 = [("CUDA_DEVICE_SM_LIMIT", "50")];
+    let mut a = Bg::spawn(saturating(&s, "a", 1, 1, &cap50), "low a");
+    let b = Bg::spawn(saturating(&s, "b", 1, 1, &cap50), "low b");
+    a.wait_line("second=1 ", Duration::from_secs(10));
+    // The high one: 3 ms requests, 3 ms apart: it leaves about half the GPU.
+    let mut high = Bg::spawn(requests(&s, "hi", 0, 3000, 3000, 7, &[]), "high priority");
+    high.wait_line("serving=1", Duration::from_secs(10));
+    let t = Instant::now();
+    sleep_until(t + Duration::from_millis(6500));
+    let (ra, rb) = (a.rates(t + Duration::from_millis(1500), Instant::now()), b.rates(t + Duration::from_millis(1500), Instant::now()));
+    let text = high.finish(Duration::from_secs(15));
+    let ctx = format!("{}\n{}\n{text}", a.text(), b.text());
+    let (sa, sb) = (100.0 * mean(&ra, &format!("a\n{ctx}")) / base, 100.0 * mean(&rb, &format!("b\n{ctx}")) / base);
+    let high_busy = 100.0 * field(&text, "requests") * 3.0 / 7000.0;
+    eprintln!("baseline {base:.0}/s; high busy {high_busy:.0}%; low a {sa:.1}%, low b {sb:.1}% ({ra:?} / {rb:?})");
+    assert!((sa - sb).abs() <= 3.0, "the two low-priority containers got {sa:.1}% and {sb:.1}%: not within 3 points\n{ctx}");
+    let left = 100.0 - high_busy;
+    assert!(sa + sb >= 0.6 * left, "the low-priority containers got {sa:.1}% + {sb:.1}% of the {left:.0}% the high one left\n{ctx}");
+    assert!(sa <= 55.0 && sb <= 55.0, "a low-priority container exceeded its cap of 50: {sa:.1}%, {sb:.1}%\n{ctx}");
+    a.stop();
+    b.stop();
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_killed_high_priority_container_blocks_the_others_for_at_most_a_second() {
+    let s = Scratch::new("node-kill");
+    // Low priority: 1 ms requests back to back, each completion printed as it happens.
+    let mut low = Bg::spawn(requests(&s, "lo", 1, 1000, 0, 30, &["--print-each"]), "low priority");
+    low.wait_line("req=200 ", Duration::from_secs(10));
+    let high = Bg::spawn(saturating(&s, "hi", 0, 1, &[]), "high priority");
+    std::thread::sleep(Duration::from_millis(2500));
+    let count = |from: Instant, to: Instant| -> Vec<Instant> { low.times_of("req=", from, to) };
+    let t = Instant::now();
+    let held = count(t - Duration::from_secs(1), t).len();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(high.pid(), libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = count(t, Instant::now());
+    let ctx = format!("{}\n{}", low.text(), high.text());
+    assert!(held <= 150, "the low-priority container completed {held} 1 ms requests in the second before the kill: not held\n{ctx}");
+    let first = after.first().map(|f| f.duration_since(t));
+    eprintln!("held: {held} requests in the last second; first completion {first:?} after the SIGKILL; {} in 2.5 s", after.len());
+    let first = first.unwrap_or_else(|| panic!("no request completed within 2.5 s of the SIGKILL\n{ctx}"));
+    assert!(first <= Duration::from_millis(1000), "the killed high-priority container held the low one for {first:?}\n{ctx}");
+    let resumed = after.iter().filter(|&&x| x >= t + Duration::from_millis(1500)).count();
+    assert!(resumed >= 300, "only {resumed} requests in the second after resuming\n{ctx}");
+    drop(high);
+    low.stop();
+}
+
+/// The node file of the mock GPU once a hooked process has created it.
+fn node_file(s: &Scratch) -> PathBuf {
+    let t = Instant::now();
+    loop {
+        let found = std::fs::read_dir(node_dir(s)).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "node"));
+        if let Some(p) = found {
+            return p;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no node file appeared in {}", node_dir(s).display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A 2-second low-priority loop beside a live high-priority entry: (kernels/s, stderr lines about the node file).
+fn low_run(s: &Scratch) -> (f64, Vec<String>) {
+    let out = saturating(s, "lo", 1, 1, &[]).args(["--seconds", "3"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "low run failed\n{text}\n{err}");
+    let lines = err.lines().filter(|l| l.contains("node")).map(String::from).collect();
+    (field(&text, "avg_kernels_per_sec"), lines)
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_corrupt_or_symlinked_node_file_gives_one_line_and_todays_behaviour() {
+    let s = Scratch::new("node-bad");
+    // A valid run creates the file; then plant bad ones in its place.
+    let (alone, lines) = low_run(&s);
+    assert!(lines.is_empty(), "a valid node file was complained about: {lines:?}");
+    let file = node_file(&s);
+    let garbage: Vec<u8> = (0..std::fs::metadata(&file).unwrap().len()).map(|i| (i * 7 + 3) as u8).collect();
+    let elsewhere = s.dir.join("elsewhere");
+    let valid = std::fs::read(&file).unwrap();
+    for (what, plant) in [
+        ("garbage of the right size", Box::new(|f: &PathBuf| std::fs::write(f, &garbage).unwrap()) as Box<dyn Fn(&PathBuf)>),
+        ("a short file", Box::new(|f: &PathBuf| std::fs::write(f, b"LVGPUNOD").unwrap())),
+        ("a symbolic link to a valid file", Box::new(|f: &PathBuf| {
+            std::fs::write(&elsewhere, &valid).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, f).unwrap();
+        })),
+    ] {
+        std::fs::remove_file(&file).unwrap();
+        plant(&file);
+        let before = std::fs::symlink_metadata(&file).unwrap();
+        let (rate, lines) = low_run(&s);
+        eprintln!("{what}: {rate:.0}/s ({alone:.0}/s with a valid file); {lines:?}");
+        assert_eq!(lines.len(), 1, "{what}: expected one line about the node file, got {lines:?}");
+        assert!(rate >= 0.7 * alone, "{what}: {rate:.0} kernels/s, {alone:.0}/s with a valid file");
+        let now = std::fs::symlink_metadata(&file).unwrap();
+        assert_eq!((now.len(), now.file_type().is_symlink()), (before.len(), before.file_type().is_symlink()), "{what}: the file was changed");
+    }
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), valid, "the symbolic link's target was written");
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn an_absent_node_dir_changes_nothing() {
+    let s = Scratch::new("node-absent");
+    let mut c = hooked("test_runtime_launch", &s, None);
+    let dir = s.dir.join("no-such-dir");
+    c.env("VGPU_NODE_DIR", &dir).env("CUDA_TASK_PRIORITY", "1").args(["--us", "1000", "--seconds", "1"]);
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("node"), "an absent node dir was complained about: {err}");
+    assert!(!dir.exists(), "the node dir was created");
+}
+
+/// A tenant that lies (claims priority 0 with work declared a minute ahead) holds a
+/// lower-priority container only while it keeps its heartbeat going; once it stops (frozen,
+/// or gone without its lock being released), the others resume within a second.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_lying_entry_holds_others_only_while_its_heartbeat_goes_on() {
+    use vgpu_core::node::{Entry, NodeFile};
+    let s = Scratch::new("node-liar");
+    let mut low = Bg::spawn(requests(&s, "lo", 1, 1000, 0, 30, &["--print-each"]), "low priority");
+    low.wait_line("req=200 ", Duration::from_secs(10));
+    let file = node_file(&s);
+    let uuid = file.file_stem().unwrap().to_str().unwrap().to_owned();
+    let liar = NodeFile::open(&node_dir(&s), &uuid, true).expect("open the node file as a tenant would");
+    let now = vgpu_core::clock::now_ns;
+    let idx = liar.claim(now()).expect("a free entry");
+    let lie = |t: u64| Entry { container: 0x11a8, priority: -7, heartbeat_ns: t, active_until_ns: t + 60_000_000_000, pid: 1, ..Entry::default() };
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert!(liar.write(idx, &lie(now())));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let t = Instant::now(); // the heartbeat stops here; the entry stays, its lock held
+    let held = low.times_of("req=", t - Duration::from_secs(1), t).len();
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = low.times_of("req=", t, Instant::now());
+    let ctx = low.text();
+    let first = after.first().map(|f| f.duration_since(t));
+    eprintln!("held: {held} requests in the last second of the lie; first completion {first:?} after its heartbeat stopped; {} in 2.5 s", after.len());
+    assert!(held <= 150, "a priority-0 entry with work declared did not hold the low-priority container: {held} requests/s\n{ctx}");
+    let first = first.unwrap_or_else(|| panic!("no request completed within 2.5 s of the liar's last heartbeat\n{ctx}"));
+    assert!(first <= Duration::from_millis(1000), "a stale lying entry held the low one for {first:?}\n{ctx}");
+    assert!(after.len() >= 900, "only {} requests in the 2.5 s after the lie went stale\n{ctx}", after.len());
+    drop(liar);
+    low.stop();
+}
+
+/// `vgpu-smi` of the low-priority container shows both containers of the GPU (table, JSON,
+/// Prometheus) with priority, cap and utilization.
+#[test]
+#[serial(mock_gpu_timing)]
+fn vgpu_smi_shows_the_containers_of_the_gpu() {
+    use common::{metric_samples, Json};
+    let s = Scratch::new("node-smi");
+    let high = Bg::spawn(saturating(&s, "hi", 0, 1, &[]), "high priority");
+    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[("CUDA_DEVICE_SM_LIMIT", "50")]), "low priority");
+    low.wait_line("second=2 ", Duration::from_secs(10));
+    let smi = |args: &[&str]| -> String {
+        let out = gpu_tests::mock_command(&gpu_tests::artifacts().tool("vgpu-smi"), &s, false)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", s.dir.join("lo.cache"))
+            .env("VGPU_NODE_DIR", node_dir(&s))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "vgpu-smi {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let j = Json::parse(&smi(&["--json"]));
+    let cs = j.get("devices").arr()[0].get("node_containers").arr().to_vec();
+    let ctx = format!("{cs:?}\n{}\n{}", low.text(), high.text());
+    assert_eq!(cs.len(), 2, "{ctx}");
+    let (hi, lo) = (&cs[0], &cs[1]);
+    assert_eq!((hi.get("priority").num(), hi.get("own"), hi.get("sm_limit_percent")), (0.0, &Json::Bool(false), &Json::Null), "{ctx}");
+    assert_eq!((lo.get("priority").num(), lo.get("own"), lo.get("sm_limit_percent").num()), (1.0, &Json::Bool(true), 50.0), "{ctx}");
+    assert!(hi.get("utilization_percent").num() > 20.0, "the busy high-priority container shows no utilization: {ctx}");
+    let table = smi(&["--count", "1"]);
+    assert!(table.contains("Containers on the GPU") && table.contains("(this container)"), "{table}");
+    let m = smi(&["--metrics"]);
+    let prios: Vec<f64> = metric_samples(&m, "vgpu_node_container_priority").into_iter().map(|(_, v)| v).collect();
+    assert_eq!(prios, vec![0.0, 1.0], "{m}");
+    assert_eq!(metric_samples(&m, "vgpu_node_container_sm_limit_percent").len(), 2, "{m}");
+    low.stop();
+    high.stop();
+}

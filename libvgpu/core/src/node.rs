@@ -1,0 +1,519 @@
+//! Node-level coordination between containers sharing a physical GPU (issue 14).
+//!
+//! HAMi mounts one node-wide writable directory into every container it manages
+//! (`/tmp/vgpulock`; `VGPU_NODE_DIR` overrides it). In it, one small file per physical GPU
+//! (`<uuid>.node`) holds one entry per process using that GPU: its container (an id derived from
+//! the container's region file), `CUDA_TASK_PRIORITY`, cap, soft cap, a heartbeat, until when it
+//! has work queued or running, its latest launch and the container's recent utilization.
+//!
+//! **Any tenant can write that file.** Nothing here trusts it beyond what a lie may cost:
+//! * the file is opened without following a symbolic link (`O_NOFOLLOW`, also on the directory),
+//!   used only when it is a regular file of exactly `FILE_SIZE` bytes with our header; anything
+//!   else is refused (the caller logs one line and keeps today's behaviour);
+//! * it is never mapped: every access is one `pread`/`pwrite`, so truncating it under us cannot
+//!   raise SIGBUS; a short read is a refusal, never a crash;
+//! * an entry is believed only with a valid checksum, a heartbeat at most `STALE_NS` old (and not
+//!   in the future), a priority clamped to `0..=MAX_PRIORITY`;
+//! * what an entry can make others do is hold launches while it claims higher-priority work,
+//!   each hold bounded by the limiter's `MAX_HOLD_NS`, and withhold the soft cap (never the hard
+//!   cap): at most the priority advantage a real high-priority tenant would take.
+//!
+//! Each process owns its entry: it holds an OFD write lock on the entry's lock byte
+//! (`LOCK_ENTRY + index`, far beyond the data) for its lifetime, so a claimer that can take the
+//! byte knows the owner is gone (the kernel drops the lock when a process dies, SIGKILL included),
+//! and only the owner writes the entry (no read-modify-write between processes).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::region::lock;
+
+/// Where HAMi mounts the node-wide directory.
+pub const DEFAULT_DIR: &str = "/tmp/vgpulock";
+/// Environment variable overriding `DEFAULT_DIR` (tests; an empty value turns the feature off).
+pub const DIR_ENV: &str = "VGPU_NODE_DIR";
+
+pub const MAGIC: [u8; 8] = *b"LVGPUNOD";
+pub const VERSION: u32 = 1;
+pub const ENTRIES: usize = 64;
+pub const ENTRY_SIZE: usize = 64;
+pub const HEADER_SIZE: usize = 64;
+pub const FILE_SIZE: usize = HEADER_SIZE + ENTRIES * ENTRY_SIZE;
+
+/// An entry whose heartbeat is older than this is ignored (its owner died, froze or lies).
+pub const STALE_NS: u64 = 500_000_000;
+/// A heartbeat further in the future than this is a lie (or another time namespace): ignored.
+pub const FUTURE_NS: u64 = 1_000_000_000;
+/// Entries whose owner is gone (lock byte free) are cleared; a claimer may also take one whose
+/// heartbeat is this old.
+pub const REAP_NS: u64 = 1_000_000_000;
+/// Priorities are clamped to `0..=MAX_PRIORITY` (0 = highest, HAMi's `CUDA_TASK_PRIORITY`).
+pub const MAX_PRIORITY: i32 = 1000;
+/// Declared work: queued estimate plus this, at most `MAX_DECLARE_NS` ahead (then re-declared).
+pub const DECLARE_SLACK_NS: u64 = 1_000_000;
+pub const MAX_DECLARE_NS: u64 = 200_000_000;
+/// After a synchronize found nothing queued, the entry stays busy this much longer: a service
+/// answering requests back to back does not let lower priorities slip a kernel in between.
+pub const IDLE_GRACE_NS: u64 = 300_000;
+/// A lower-priority container bounds what it keeps queued on the GPU to this estimated GPU time
+/// (capped or not), so a higher-priority launch waits behind at most about this much of it.
+pub const LOWER_QUEUE_NS: u64 = 1_000_000;
+/// Held launches look again this often.
+pub const HOLD_POLL_NS: u64 = 100_000;
+/// Another container launched this recently (or reports utilization): it has work, no soft cap.
+pub const RECENT_NS: u64 = 500_000_000;
+/// Lock byte of entry i: `LOCK_ENTRY + i`.
+pub const LOCK_ENTRY: i64 = 1 << 40;
+
+const CHECK_SALT: u64 = 0x6c76_6770_756e_6f64;
+
+/// One process's entry (plain values; `encode`/`decode` give the file's bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// The container (nonzero): processes with the same id are one container.
+    pub container: u64,
+    /// CLOCK_MONOTONIC (`clock::now_ns`) of the owner's latest refresh.
+    pub heartbeat_ns: u64,
+    /// The owner has work queued or running until then (declared; 0 or past = idle).
+    pub active_until_ns: u64,
+    /// The container's latest launch seen by the owner (0 = none).
+    pub last_launch_ns: u64,
+    pub priority: i32,
+    /// Hard SM cap in percent (0 = none).
+    pub cap: u32,
+    /// Soft SM cap in percent (0 = none).
+    pub soft_cap: u32,
+    /// The container's recent utilization, percent x 100.
+    pub util_centi: u32,
+    /// The owner's pid (in its own namespace; informational).
+    pub pid: u32,
+}
+
+/// What one entry of a file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Free,
+    Used(Entry),
+    /// Bytes that are not an entry of ours (bad checksum, zero container): ignored.
+    Corrupt,
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+
+impl Entry {
+    pub fn encode(&self) -> [u8; ENTRY_SIZE] {
+        let mut b = [0u8; ENTRY_SIZE];
+        b[0..8].copy_from_slice(&self.container.to_le_bytes());
+        b[8..16].copy_from_slice(&self.heartbeat_ns.to_le_bytes());
+        b[16..24].copy_from_slice(&self.active_until_ns.to_le_bytes());
+        b[24..32].copy_from_slice(&self.last_launch_ns.to_le_bytes());
+        b[32..36].copy_from_slice(&self.priority.to_le_bytes());
+        b[36..40].copy_from_slice(&self.cap.to_le_bytes());
+        b[40..44].copy_from_slice(&self.soft_cap.to_le_bytes());
+        b[44..48].copy_from_slice(&self.util_centi.to_le_bytes());
+        b[48..52].copy_from_slice(&self.pid.to_le_bytes());
+        let check = fnv(&b[..56]) ^ CHECK_SALT;
+        b[56..64].copy_from_slice(&check.to_le_bytes());
+        b
+    }
+
+    /// The entry in `b` (`ENTRY_SIZE` bytes; anything else is `Corrupt`).
+    pub fn decode(b: &[u8]) -> Slot {
+        if b.len() != ENTRY_SIZE {
+            return Slot::Corrupt;
+        }
+        if b.iter().all(|&x| x == 0) {
+            return Slot::Free;
+        }
+        let e = Entry {
+            container: u64_at(b, 0),
+            heartbeat_ns: u64_at(b, 8),
+            active_until_ns: u64_at(b, 16),
+            last_launch_ns: u64_at(b, 24),
+            priority: u32_at(b, 32) as i32,
+            cap: u32_at(b, 36),
+            soft_cap: u32_at(b, 40),
+            util_centi: u32_at(b, 44),
+            pid: u32_at(b, 48),
+        };
+        if e.container == 0 || u32_at(b, 52) != 0 || u64_at(b, 56) != fnv(&b[..56]) ^ CHECK_SALT {
+            return Slot::Corrupt;
+        }
+        Slot::Used(e)
+    }
+}
+
+/// The header of a fresh file.
+pub fn header() -> [u8; HEADER_SIZE] {
+    let mut h = [0u8; HEADER_SIZE];
+    h[0..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(ENTRIES as u32).to_le_bytes());
+    h[16..20].copy_from_slice(&(ENTRY_SIZE as u32).to_le_bytes());
+    h
+}
+
+/// The entries of a whole file's bytes, or why the file is not one of ours.
+pub fn parse(bytes: &[u8]) -> Result<Vec<Slot>, &'static str> {
+    if bytes.len() != FILE_SIZE {
+        return Err("wrong size");
+    }
+    if bytes[..HEADER_SIZE] != header() {
+        return Err("not a libvgpu node file of this version (bad header)");
+    }
+    Ok(bytes[HEADER_SIZE..].chunks(ENTRY_SIZE).map(Entry::decode).collect())
+}
+
+/// File name for a GPU UUID; `None` for a UUID that is not a plain name.
+pub fn file_name(uuid: &str) -> Option<String> {
+    let ok = !uuid.is_empty() && uuid.len() <= 96 && uuid.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
+    ok.then(|| format!("{uuid}.node"))
+}
+
+/// The directory to use: `VGPU_NODE_DIR` (empty = off), else `DEFAULT_DIR`.
+pub fn dir_from(value: Option<&str>) -> Option<PathBuf> {
+    match value {
+        Some("") => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => Some(PathBuf::from(DEFAULT_DIR)),
+    }
+}
+
+/// A container id from its region file's identity (device, inode): unique on the host while the
+/// file exists, the same for every process of the container. Never 0.
+pub fn container_id(dev: u64, ino: u64) -> u64 {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&dev.to_le_bytes());
+    b[8..].copy_from_slice(&ino.to_le_bytes());
+    fnv(&b).max(1)
+}
+
+// ---- policy (pure) ---------------------------------------------------------------------------
+
+/// The entry is believed: fresh heartbeat, not from the future.
+pub fn live(e: &Entry, now: u64) -> bool {
+    e.heartbeat_ns <= now.saturating_add(FUTURE_NS) && now.saturating_sub(e.heartbeat_ns) <= STALE_NS
+}
+
+pub fn priority_of(e: &Entry) -> i32 {
+    e.priority.clamp(0, MAX_PRIORITY)
+}
+
+/// It declares work queued or running now.
+pub fn busy(e: &Entry, now: u64) -> bool {
+    e.active_until_ns > now
+}
+
+/// What a process learns about the other containers on its GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peers {
+    /// A live container of higher priority (lower number) is on the GPU: hold while it is busy.
+    pub higher: bool,
+    /// ... and it has work queued or running now.
+    pub higher_busy: bool,
+    /// A live container of lower priority is on the GPU: declare our work so it can hold.
+    pub lower: bool,
+    /// Some other live container has work (busy, launched within `RECENT_NS`, or utilization
+    /// reported): no soft cap.
+    pub others_busy: bool,
+    /// Other live containers seen.
+    pub others: usize,
+    /// Entries ignored as corrupt.
+    pub corrupt: usize,
+}
+
+/// Peers of container `me` at priority `my_priority`.
+pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
+    let mine = my_priority.clamp(0, MAX_PRIORITY);
+    let mut p = Peers::default();
+    let mut seen: Vec<u64> = Vec::new();
+    for s in slots {
+        let e = match s {
+            Slot::Free => continue,
+            Slot::Corrupt => {
+                p.corrupt += 1;
+                continue;
+            }
+            Slot::Used(e) => e,
+        };
+        if e.container == me || !live(e, now) {
+            continue;
+        }
+        if !seen.contains(&e.container) {
+            seen.push(e.container);
+        }
+        let prio = priority_of(e);
+        let recent = e.last_launch_ns <= now && now - e.last_launch_ns <= RECENT_NS && e.last_launch_ns != 0;
+        p.others_busy |= busy(e, now) || recent || e.util_centi >= 500;
+        if prio < mine {
+            p.higher = true;
+            p.higher_busy |= busy(e, now);
+        } else if prio > mine {
+            p.lower = true;
+        }
+    }
+    p.others = seen.len();
+    p
+}
+
+/// Until when to declare work: what we have queued (estimated), plus slack, bounded.
+pub fn declare_until(now: u64, queued_est_ns: u64) -> u64 {
+    now + queued_est_ns.min(MAX_DECLARE_NS) + DECLARE_SLACK_NS
+}
+
+/// May the soft cap apply? With a node view (`node_others_busy`, from `Peers::others_busy`):
+/// when no other container there has work; without one, as before (`nvml_others_idle`, from
+/// NVML's process list and utilization).
+pub fn soft_cap_allowed(node_others_busy: Option<bool>, nvml_others_idle: bool) -> bool {
+    match node_others_busy {
+        Some(busy) => !busy,
+        None => nvml_others_idle,
+    }
+}
+
+/// May a claimer take entry `s` once it holds the entry's lock byte (so no owner lives)?
+/// Free, corrupt and dead entries yes; a live-looking one only when its heartbeat is old.
+pub fn claimable(s: &Slot, now: u64) -> bool {
+    match s {
+        Slot::Used(e) => !live(e, now) || now.saturating_sub(e.heartbeat_ns) > REAP_NS,
+        _ => true,
+    }
+}
+
+/// Per-container summary for the tools: entries of one container merged (live ones only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerView {
+    pub container: u64,
+    pub priority: i32,
+    pub cap: u32,
+    pub soft_cap: u32,
+    pub util_centi: u32,
+    pub busy: bool,
+    pub processes: usize,
+    pub last_launch_ns: u64,
+}
+
+pub fn containers(slots: &[Slot], now: u64) -> Vec<ContainerView> {
+    let mut out: Vec<ContainerView> = Vec::new();
+    for s in slots {
+        let Slot::Used(e) = s else { continue };
+        if !live(e, now) {
+            continue;
+        }
+        match out.iter_mut().find(|c| c.container == e.container) {
+            Some(c) => {
+                c.priority = c.priority.min(priority_of(e));
+                c.cap = c.cap.max(e.cap);
+                c.soft_cap = c.soft_cap.max(e.soft_cap);
+                c.util_centi = c.util_centi.max(e.util_centi.min(10_000));
+                c.busy |= busy(e, now);
+                c.processes += 1;
+                c.last_launch_ns = c.last_launch_ns.max(e.last_launch_ns);
+            }
+            None => out.push(ContainerView {
+                container: e.container,
+                priority: priority_of(e),
+                cap: e.cap,
+                soft_cap: e.soft_cap,
+                util_centi: e.util_centi.min(10_000),
+                busy: busy(e, now),
+                processes: 1,
+                last_launch_ns: e.last_launch_ns,
+            }),
+        }
+    }
+    out.sort_by_key(|c| (c.priority, c.container));
+    out
+}
+
+// ---- the file ----------------------------------------------------------------------------------
+
+/// Why a node file is not used.
+#[derive(Debug)]
+pub enum NodeError {
+    /// The directory does not exist: the feature is off (no message).
+    NoDir,
+    /// Anything else: one line for the log; the caller keeps today's behaviour.
+    Refused(String),
+}
+
+impl std::fmt::Display for NodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeError::NoDir => write!(f, "no node directory"),
+            NodeError::Refused(s) => f.write_str(s),
+        }
+    }
+}
+
+/// An open node file (one GPU). Only `pread`/`pwrite`: never mapped.
+pub struct NodeFile {
+    file: File,
+    pub path: PathBuf,
+}
+
+fn refused(path: &Path, why: impl std::fmt::Display) -> NodeError {
+    NodeError::Refused(format!("node file {}: {why}; node-level coordination is off for this GPU", path.display()))
+}
+
+fn cstr(s: &[u8]) -> std::ffi::CString {
+    std::ffi::CString::new(s).unwrap_or_default()
+}
+
+impl NodeFile {
+    /// Open `<dir>/<uuid>.node`, creating it when absent and `write` is set. Nothing follows a
+    /// symbolic link (the directory itself included); a file that is not exactly ours is refused.
+    pub fn open(dir: &Path, uuid: &str, write: bool) -> Result<NodeFile, NodeError> {
+        use std::os::unix::ffi::OsStrExt;
+        let name = file_name(uuid).ok_or_else(|| refused(&dir.join("?"), format!("GPU UUID {uuid:?} is not a plain name")))?;
+        let path = dir.join(&name);
+        let d = cstr(dir.as_os_str().as_bytes());
+        // SAFETY: valid C string; the descriptor is closed below.
+        let dfd = unsafe { libc::open(d.as_ptr(), libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_PATH) };
+        if dfd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOENT) => NodeError::NoDir,
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => refused(dir, "the directory is a symbolic link or not a directory"),
+                _ => refused(dir, e),
+            });
+        }
+        // SAFETY: dfd is ours.
+        let _dir = unsafe { File::from_raw_fd(dfd) };
+        let n = cstr(name.as_bytes());
+        let base = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | if write { libc::O_RDWR } else { libc::O_RDONLY };
+        let mut created = false;
+        let mut fd = -1;
+        for _ in 0..4 {
+            // SAFETY: valid descriptor and C string.
+            fd = unsafe { libc::openat(dfd, n.as_ptr(), base) };
+            if fd >= 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENOENT) if write => {
+                    // SAFETY: as above.
+                    fd = unsafe { libc::openat(dfd, n.as_ptr(), base | libc::O_CREAT | libc::O_EXCL, 0o666 as libc::c_uint) };
+                    if fd >= 0 {
+                        created = true;
+                        break;
+                    }
+                    if io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                        return Err(refused(&path, format!("cannot create it ({})", io::Error::last_os_error())));
+                    }
+                }
+                Some(libc::ENOENT) => return Err(NodeError::NoDir),
+                Some(libc::ELOOP) => return Err(refused(&path, "is a symbolic link; not following it")),
+                _ => return Err(refused(&path, e)),
+            }
+        }
+        if fd < 0 {
+            return Err(refused(&path, "keeps appearing and disappearing"));
+        }
+        // SAFETY: fd is ours.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let meta = file.metadata().map_err(|e| refused(&path, e))?;
+        if !meta.file_type().is_file() {
+            return Err(refused(&path, "not a regular file"));
+        }
+        let nf = NodeFile { file, path };
+        if created {
+            // Every tenant writes this file (HAMi runs containers under any uid).
+            // SAFETY: valid descriptor.
+            unsafe { libc::fchmod(nf.file.as_raw_fd(), 0o666) };
+        }
+        match meta.len() {
+            0 if write => nf.init()?,
+            len if len as usize == FILE_SIZE => {
+                let mut h = [0u8; HEADER_SIZE];
+                nf.file.read_exact_at(&mut h, 0).map_err(|e| refused(&nf.path, e))?;
+                if h.iter().all(|&b| b == 0) && write {
+                    nf.init()?; // a creator died between sizing and the header: same bytes
+                } else if h != header() {
+                    return Err(refused(&nf.path, "not a libvgpu node file of this version (bad header)"));
+                }
+            }
+            0 => return Err(refused(&nf.path, "empty")),
+            len => return Err(refused(&nf.path, format!("{len} bytes, expected {FILE_SIZE}"))),
+        }
+        Ok(nf)
+    }
+
+    /// Size the file and write the header (idempotent: racing initializers write the same bytes).
+    fn init(&self) -> Result<(), NodeError> {
+        self.file.set_len(FILE_SIZE as u64).map_err(|e| refused(&self.path, e))?;
+        self.file.write_all_at(&header(), 0).map_err(|e| refused(&self.path, e))
+    }
+
+    /// Every entry, or why the file is no longer usable (truncated, overwritten).
+    pub fn read(&self) -> Result<Vec<Slot>, String> {
+        let mut buf = vec![0u8; FILE_SIZE];
+        match self.file.read_at(&mut buf, 0) {
+            Ok(n) if n == FILE_SIZE => parse(&buf).map_err(str::to_owned),
+            Ok(n) => Err(format!("truncated ({n} bytes)")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Write entry `idx` (ours: we hold its lock byte). A failed write is reported, never fatal.
+    pub fn write(&self, idx: usize, e: &Entry) -> bool {
+        idx < ENTRIES && self.file.write_all_at(&e.encode(), (HEADER_SIZE + idx * ENTRY_SIZE) as u64).is_ok()
+    }
+
+    fn zero(&self, idx: usize) {
+        let _ = self.file.write_all_at(&[0u8; ENTRY_SIZE], (HEADER_SIZE + idx * ENTRY_SIZE) as u64);
+    }
+
+    /// Take an entry for this process: lock its byte (held until the file is closed), then use it
+    /// if it is free, corrupt or dead. `None` when every entry is taken or the file went bad.
+    pub fn claim(&self, now: u64) -> Option<usize> {
+        let fd = self.file.as_raw_fd();
+        for idx in 0..ENTRIES {
+            if !lock::try_lock(fd, true, LOCK_ENTRY + idx as i64).unwrap_or(false) {
+                continue;
+            }
+            let slots = self.read().ok()?;
+            if claimable(&slots[idx], now) {
+                self.zero(idx);
+                return Some(idx);
+            }
+            lock::unlock(fd, LOCK_ENTRY + idx as i64);
+        }
+        None
+    }
+
+    /// Clear entries whose owner is gone (their lock byte can be taken). Never waits.
+    pub fn reap(&self, own: Option<usize>) -> usize {
+        let Ok(slots) = self.read() else { return 0 };
+        let fd = self.file.as_raw_fd();
+        let mut n = 0;
+        for (idx, s) in slots.iter().enumerate() {
+            if Some(idx) == own || *s == Slot::Free {
+                continue;
+            }
+            if lock::try_lock(fd, true, LOCK_ENTRY + idx as i64).unwrap_or(false) {
+                self.zero(idx);
+                lock::unlock(fd, LOCK_ENTRY + idx as i64);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests;

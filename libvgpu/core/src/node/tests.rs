@@ -1,0 +1,264 @@
+use super::*;
+use proptest::prelude::*;
+
+const T: u64 = 1_000_000_000_000;
+const MS: u64 = 1_000_000;
+
+fn entry(container: u64, priority: i32) -> Entry {
+    Entry { container, heartbeat_ns: T, priority, pid: 7, ..Entry::default() }
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vgpu-node-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const UUID: &str = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab";
+
+#[test]
+fn layout_sizes() {
+    assert_eq!(FILE_SIZE, 4160);
+    assert_eq!(header().len(), HEADER_SIZE);
+    assert_eq!(&header()[..8], b"LVGPUNOD");
+}
+
+#[test]
+fn entry_round_trips_and_a_flipped_bit_is_corrupt() {
+    let e = Entry { active_until_ns: T + 5, last_launch_ns: T - 3, cap: 50, soft_cap: 80, util_centi: 4200, ..entry(42, 3) };
+    let b = e.encode();
+    assert_eq!(Entry::decode(&b), Slot::Used(e));
+    for bit in 0..ENTRY_SIZE * 8 {
+        let mut c = b;
+        c[bit / 8] ^= 1 << (bit % 8);
+        assert_eq!(Entry::decode(&c), Slot::Corrupt, "bit {bit}");
+    }
+    assert_eq!(Entry::decode(&[0u8; ENTRY_SIZE]), Slot::Free);
+    assert_eq!(Entry::decode(&[0u8; 3]), Slot::Corrupt);
+    assert_eq!(Entry::decode(&Entry { container: 0, ..e }.encode()), Slot::Corrupt);
+}
+
+#[test]
+fn parse_wants_exact_size_and_header() {
+    let mut f = vec![0u8; FILE_SIZE];
+    assert!(parse(&f).is_err(), "all zero is not a file of ours");
+    f[..HEADER_SIZE].copy_from_slice(&header());
+    assert_eq!(parse(&f).unwrap(), vec![Slot::Free; ENTRIES]);
+    f[HEADER_SIZE + ENTRY_SIZE..HEADER_SIZE + 2 * ENTRY_SIZE].copy_from_slice(&entry(9, 0).encode());
+    assert_eq!(parse(&f).unwrap()[1], Slot::Used(entry(9, 0)));
+    assert!(parse(&f[..FILE_SIZE - 1]).is_err());
+    let mut g = f.clone();
+    g.push(0);
+    assert!(parse(&g).is_err());
+    f[8] = 2; // another version
+    assert!(parse(&f).is_err());
+}
+
+proptest! {
+    #[test]
+    fn entries_round_trip(c in 1u64.., hb: u64, au: u64, ll: u64, p: i32, cap: u32, soft: u32, u: u32, pid: u32) {
+        let e = Entry { container: c, heartbeat_ns: hb, active_until_ns: au, last_launch_ns: ll, priority: p, cap, soft_cap: soft, util_centi: u, pid };
+        prop_assert_eq!(Entry::decode(&e.encode()), Slot::Used(e));
+    }
+
+    #[test]
+    fn any_bytes_parse_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..FILE_SIZE + 8), now: u64, me: u64, prio: i32) {
+        let _ = Entry::decode(&bytes[..bytes.len().min(ENTRY_SIZE)]);
+        if let Ok(slots) = parse(&bytes) {
+            let _ = peers(&slots, me, prio, now);
+            let _ = containers(&slots, now);
+        }
+        // A valid header with random entries: every entry is Free, Used with a valid check, or Corrupt.
+        let mut f = bytes.clone();
+        f.resize(FILE_SIZE, 0);
+        f[..HEADER_SIZE].copy_from_slice(&header());
+        let slots = parse(&f).unwrap();
+        prop_assert_eq!(slots.len(), ENTRIES);
+        let p = peers(&slots, me, prio, now);
+        prop_assert!(p.others + p.corrupt <= ENTRIES);
+    }
+
+    /// Whatever the other entries say, a priority-0 container is never held, and nobody is held
+    /// by an entry whose heartbeat stopped `STALE_NS` ago.
+    #[test]
+    fn liars_cost_at_most_the_priority_advantage(entries in proptest::collection::vec((1u64..5, any::<u64>(), any::<u64>(), any::<i32>()), 0..10), mine in 0i32..3) {
+        let now = T;
+        let slots: Vec<Slot> = entries.iter().map(|&(c, hb, au, p)| Slot::Used(Entry { container: c + 100, heartbeat_ns: hb, active_until_ns: au, priority: p, ..Entry::default() })).collect();
+        let p = peers(&slots, 1, mine, now);
+        if mine == 0 {
+            prop_assert!(!p.higher && !p.higher_busy);
+        }
+        let stale: Vec<Slot> = slots.iter().map(|s| match s {
+            Slot::Used(e) => Slot::Used(Entry { heartbeat_ns: now - STALE_NS - 1, ..*e }),
+            s => *s,
+        }).collect();
+        prop_assert_eq!(peers(&stale, 1, mine, now), Peers::default());
+    }
+}
+
+#[test]
+fn peers_sees_higher_and_lower_busy_and_idle() {
+    let now = T;
+    let hi = Entry { active_until_ns: now + MS, ..entry(10, 0) };
+    let lo = entry(20, 2);
+    let me = 30;
+    let slots = [Slot::Used(hi), Slot::Used(lo), Slot::Free, Slot::Corrupt, Slot::Used(entry(me, 1))];
+    let p = peers(&slots, me, 1, now);
+    assert!(p.higher && p.higher_busy && p.lower && p.others_busy);
+    assert_eq!((p.others, p.corrupt), (2, 1));
+    // The high one goes idle: no hold; still "higher" (keep gating, ready for its next request).
+    let idle = Entry { active_until_ns: now, ..hi };
+    let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
+    assert!(p.higher && !p.higher_busy && !p.others_busy);
+    // Our own container's other processes are not peers, whatever they say.
+    let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(me, 0) })], me, 1, now);
+    assert_eq!(p, Peers::default());
+    // Equal priority: neither holds the other.
+    let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(10, 1) })], me, 1, now);
+    assert!(!p.higher && !p.lower && p.others_busy);
+    // Out-of-range priorities are clamped: -5 is 0, which does not outrank our 0.
+    let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(10, -5) })], me, 0, now);
+    assert!(!p.higher_busy);
+}
+
+#[test]
+fn liveness_follows_the_heartbeat() {
+    let e = entry(1, 0);
+    assert!(live(&e, T));
+    assert!(live(&e, T + STALE_NS));
+    assert!(!live(&e, T + STALE_NS + 1));
+    assert!(!live(&Entry { heartbeat_ns: T + FUTURE_NS + 1, ..e }, T), "a heartbeat from the future");
+    assert!(claimable(&Slot::Free, T) && claimable(&Slot::Corrupt, T));
+    assert!(!claimable(&Slot::Used(e), T));
+    assert!(claimable(&Slot::Used(e), T + REAP_NS + 1));
+}
+
+#[test]
+fn soft_cap_follows_the_node_view_when_there_is_one() {
+    assert!(!soft_cap_allowed(Some(true), true));
+    assert!(soft_cap_allowed(Some(false), false));
+    assert!(soft_cap_allowed(None, true));
+    assert!(!soft_cap_allowed(None, false));
+    let recent = Entry { last_launch_ns: T - RECENT_NS / 2, ..entry(5, 1) };
+    assert!(peers(&[Slot::Used(recent)], 1, 1, T).others_busy);
+    let old = Entry { last_launch_ns: T - RECENT_NS - 1, ..entry(5, 1) };
+    assert!(!peers(&[Slot::Used(old)], 1, 1, T).others_busy);
+}
+
+#[test]
+fn declared_work_is_bounded() {
+    assert_eq!(declare_until(T, 2 * MS), T + 2 * MS + DECLARE_SLACK_NS);
+    assert_eq!(declare_until(T, u64::MAX), T + MAX_DECLARE_NS + DECLARE_SLACK_NS);
+}
+
+#[test]
+fn containers_merge_processes_of_one_container() {
+    let a1 = Entry { util_centi: 3000, cap: 50, ..entry(1, 1) };
+    let a2 = Entry { active_until_ns: T + MS, util_centi: 20_000, ..entry(1, 1) };
+    let b = entry(2, 0);
+    let dead = Entry { heartbeat_ns: T - STALE_NS - 1, ..entry(3, 0) };
+    let v = containers(&[Slot::Used(a1), Slot::Used(a2), Slot::Used(b), Slot::Used(dead), Slot::Corrupt], T);
+    assert_eq!(v.len(), 2);
+    assert_eq!((v[0].container, v[0].priority), (2, 0));
+    assert_eq!((v[1].processes, v[1].util_centi, v[1].busy, v[1].cap), (2, 10_000, true, 50));
+}
+
+#[test]
+fn names_and_dirs() {
+    assert_eq!(file_name(UUID).unwrap(), format!("{UUID}.node"));
+    for bad in ["", "../x", "a/b", "GPU x", &"a".repeat(97)] {
+        assert_eq!(file_name(bad), None, "{bad:?}");
+    }
+    assert_eq!(dir_from(None), Some(PathBuf::from(DEFAULT_DIR)));
+    assert_eq!(dir_from(Some("")), None);
+    assert_eq!(dir_from(Some("/x")), Some(PathBuf::from("/x")));
+    assert_ne!(container_id(1, 2), container_id(1, 3));
+    assert_ne!(container_id(0, 0), 0);
+}
+
+#[test]
+fn open_creates_reopens_and_refuses_what_is_not_ours() {
+    let d = tmpdir("open");
+    assert!(matches!(NodeFile::open(&d.join("absent"), UUID, true), Err(NodeError::NoDir)));
+    assert!(!d.join("absent").exists());
+    let f = NodeFile::open(&d, UUID, true).unwrap();
+    assert_eq!(std::fs::metadata(&f.path).unwrap().len(), FILE_SIZE as u64);
+    assert_eq!(f.read().unwrap(), vec![Slot::Free; ENTRIES]);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&f.path).unwrap().permissions().mode() & 0o777, 0o666);
+    let r = NodeFile::open(&d, UUID, false).unwrap();
+    assert!(f.write(3, &entry(5, 0)));
+    assert_eq!(r.read().unwrap()[3], Slot::Used(entry(5, 0)));
+    let path = f.path.clone();
+    drop((f, r));
+
+    let refuse = |what: &str| match NodeFile::open(&d, UUID, true) {
+        Err(NodeError::Refused(m)) => assert!(m.contains("node file"), "{what}: {m}"),
+        Err(NodeError::NoDir) => panic!("{what}: NoDir"),
+        Ok(_) => panic!("{what}: accepted"),
+    };
+    let valid = std::fs::read(&path).unwrap();
+    std::fs::write(&path, vec![0xa5u8; FILE_SIZE]).unwrap();
+    refuse("garbage");
+    assert!(std::fs::read(&path).unwrap() == vec![0xa5u8; FILE_SIZE], "garbage was changed");
+    std::fs::write(&path, b"short").unwrap();
+    refuse("short");
+    std::fs::remove_file(&path).unwrap();
+    let target = d.join("target");
+    std::fs::write(&target, &valid).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    refuse("symlink");
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    refuse("directory");
+    std::fs::remove_dir(&path).unwrap();
+    // A symlinked directory.
+    let link = d.join("linkdir");
+    std::os::unix::fs::symlink(&d, &link).unwrap();
+    assert!(matches!(NodeFile::open(&link, UUID, true), Err(NodeError::Refused(_))));
+    // An empty file (a creator died before sizing it) is initialized.
+    std::fs::write(&path, b"").unwrap();
+    assert!(NodeFile::open(&d, UUID, true).is_ok());
+    let fresh = std::fs::read(&path).unwrap();
+    assert!(fresh.len() == FILE_SIZE && fresh[..HEADER_SIZE] == header() && fresh[HEADER_SIZE..].iter().all(|&b| b == 0));
+    assert!(NodeFile::open(&d, "bad/uuid", true).is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn truncated_under_us_is_an_error_not_a_crash() {
+    let d = tmpdir("trunc");
+    let f = NodeFile::open(&d, UUID, true).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&f.path).unwrap().set_len(100).unwrap();
+    assert!(f.read().is_err());
+    assert!(!f.write(70, &entry(1, 0)));
+    assert_eq!(f.claim(T), None);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn claims_are_exclusive_and_dead_owners_are_reaped() {
+    let d = tmpdir("claim");
+    let a = NodeFile::open(&d, UUID, true).unwrap();
+    let b = NodeFile::open(&d, UUID, true).unwrap();
+    let ia = a.claim(T).unwrap();
+    let ib = b.claim(T).unwrap();
+    assert_ne!(ia, ib);
+    assert!(a.write(ia, &entry(1, 0)) && b.write(ib, &entry(2, 1)));
+    assert_eq!(b.reap(Some(ib)), 0, "a's owner is alive");
+    drop(a); // the owner goes away: its lock byte is free
+    assert_eq!(b.reap(Some(ib)), 1);
+    let slots = b.read().unwrap();
+    assert_eq!((slots[ia], slots[ib]), (Slot::Free, Slot::Used(entry(2, 1))));
+    // A live-looking entry left by a process that wrote without a lock is taken only when old.
+    let c = NodeFile::open(&d, UUID, true).unwrap();
+    for i in 0..ENTRIES {
+        if i != ib {
+            assert!(c.write(i, &entry(50 + i as u64, 0)));
+        }
+    }
+    assert_eq!(c.claim(T), None, "every other entry looks alive");
+    assert!(c.claim(T + REAP_NS + 1).is_some());
+    let _ = std::fs::remove_dir_all(&d);
+}

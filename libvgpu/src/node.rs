@@ -1,0 +1,222 @@
+//! Node-level coordination, the glue (`vgpu_core::node` holds the file format and the policy):
+//! one entry per process in the node file of each of its GPUs, refreshed by the monitor thread
+//! every tick; the launch gate asks `hold_now` (a higher-priority container has work) and tells
+//! `declare` / `idle` (our work, for lower-priority containers).
+//!
+//! Nothing here runs on the ungated fast path: the gate is on for node reasons only while a
+//! container of another priority shares one of our GPUs (`gating`). Without the directory
+//! (`VGPU_NODE_DIR`, default `/tmp/vgpulock`) nothing is opened and nothing changes. A file that
+//! cannot be used costs one warning per GPU and process, and today's behaviour on that GPU.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Mutex;
+
+use vgpu_core::node::{self, Entry, NodeError, NodeFile, Peers};
+use vgpu_core::MAX_DEVICES;
+
+use crate::runtime::{ProcState, Runtime};
+
+/// This process's entry in one GPU's node file.
+struct DevNode {
+    file: NodeFile,
+    idx: usize,
+    /// The process that claimed it (a forked child claims its own).
+    pid: u32,
+    /// The entry as last written; the mutex also orders writes of the launch path and the monitor.
+    entry: Mutex<Entry>,
+    /// `entry.active_until_ns`, readable without the mutex.
+    declared_ns: AtomicU64,
+    /// When the launch path last read the file and found no reason to hold (clock::now_ns).
+    clear_at_ns: AtomicU64,
+}
+
+static NODES: [AtomicPtr<DevNode>; MAX_DEVICES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
+/// A higher-priority container shares device d: hold while it has work, bound our queue.
+static DEFER: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// A lower-priority container shares device d: declare our work.
+static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Another container on device d has work (soft cap withheld); meaningful while attached.
+static OTHERS_BUSY: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Per device: 0 not tried, 1 attached, 2 off (no directory, refused, full, failed).
+static STATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// The pid that decided `STATE` (a forked child decides again).
+static STATE_PID: AtomicU32 = AtomicU32::new(0);
+/// Ticks since the last reap.
+static TICKS: AtomicU64 = AtomicU64::new(0);
+
+/// Shorter hold re-checks are not worth a read: a launch found clear this recently goes.
+const RECHECK_NS: u64 = 20_000;
+/// A declaration is rewritten only when it moves by more than this.
+const REDECLARE_NS: u64 = 500_000;
+
+fn dev_node(dev: usize) -> Option<&'static DevNode> {
+    let p = NODES.get(dev)?.load(Acquire);
+    // SAFETY: pointers in NODES come from Box::leak and are never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+fn my_pid() -> u32 {
+    std::process::id()
+}
+
+/// Some device needs the gate for node reasons (a container of another priority is there).
+pub(crate) fn gating() -> bool {
+    (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed) || ANNOUNCE[d].load(Relaxed))
+}
+
+/// Does another container on `dev` have work, by the node view? `None`: no node file for this
+/// GPU (the soft cap follows NVML's view, as before).
+pub(crate) fn others_busy(dev: usize) -> Option<bool> {
+    (STATE.get(dev)?.load(Relaxed) == 1).then(|| OTHERS_BUSY[dev].load(Relaxed))
+}
+
+/// What this process keeps queued at most on `dev` (a higher-priority container is there).
+pub(crate) fn queue_bound(dev: usize) -> Option<u64> {
+    DEFER.get(dev)?.load(Relaxed).then_some(node::LOWER_QUEUE_NS)
+}
+
+/// Does a higher-priority container have work on `dev` right now? (Launch path, gated only.)
+pub(crate) fn hold_now(rt: &Runtime, dev: usize, now: u64) -> bool {
+    if !DEFER.get(dev).is_some_and(|d| d.load(Relaxed)) {
+        return false;
+    }
+    let Some(n) = dev_node(dev) else { return false };
+    if now.saturating_sub(n.clear_at_ns.load(Relaxed)) < RECHECK_NS {
+        return false;
+    }
+    let Ok(slots) = n.file.read() else { return false }; // the monitor reports and detaches
+    let container = n.entry.lock().map(|e| e.container).unwrap_or(0);
+    let hold = node::peers(&slots, container, rt.config.priority, now).higher_busy;
+    if !hold {
+        n.clear_at_ns.store(now, Relaxed);
+    }
+    hold
+}
+
+fn write_entry(n: &DevNode, f: impl FnOnce(&mut Entry)) {
+    let mut e = n.entry.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut e);
+    n.declared_ns.store(e.active_until_ns, Relaxed);
+    n.file.write(n.idx, &e);
+}
+
+/// We have work queued on `dev` (estimated `queued_est_ns` of GPU time): tell lower priorities.
+pub(crate) fn declare(dev: usize, now: u64, queued_est_ns: u64) {
+    if !ANNOUNCE.get(dev).is_some_and(|a| a.load(Relaxed)) {
+        return;
+    }
+    let Some(n) = dev_node(dev) else { return };
+    let until = node::declare_until(now, queued_est_ns);
+    let declared = n.declared_ns.load(Relaxed);
+    if declared > now && until.abs_diff(declared) <= REDECLARE_NS {
+        return;
+    }
+    write_entry(n, |e| e.active_until_ns = until);
+}
+
+/// Nothing of ours is queued on `dev` any more: lower priorities may go (after a short grace).
+pub(crate) fn idle(dev: usize, now: u64) {
+    if !ANNOUNCE.get(dev).is_some_and(|a| a.load(Relaxed)) {
+        return;
+    }
+    let Some(n) = dev_node(dev) else { return };
+    let until = now + node::IDLE_GRACE_NS;
+    if n.declared_ns.load(Relaxed) > until {
+        write_entry(n, |e| e.active_until_ns = until);
+    }
+}
+
+fn container_id(ps: &ProcState) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    match ps.region.path().and_then(|p| std::fs::symlink_metadata(p).ok()).filter(|_| !ps.region.is_private()) {
+        Some(m) => node::container_id(m.dev(), m.ino()),
+        None => node::container_id(u64::MAX, ps.pid as u64),
+    }
+}
+
+fn detach(dev: usize) {
+    DEFER[dev].store(false, Relaxed);
+    ANNOUNCE[dev].store(false, Relaxed);
+    OTHERS_BUSY[dev].store(false, Relaxed);
+    STATE[dev].store(2, Relaxed);
+    // The leaked entry keeps its lock until exit; readers ignore it once its heartbeat stops.
+    NODES[dev].store(std::ptr::null_mut(), Release);
+}
+
+/// Open and claim this process's entry on each of its GPUs (once per process; a forked child
+/// again). Every failure but a missing directory is one warning line.
+fn attach(rt: &Runtime, ps: &ProcState) {
+    if STATE_PID.swap(my_pid(), AcqRel) == my_pid() {
+        return;
+    }
+    let dir = node::dir_from(std::env::var(node::DIR_ENV).ok().as_deref());
+    let container = container_id(ps);
+    let now = vgpu_core::clock::now_ns();
+    for dev in 0..MAX_DEVICES {
+        NODES[dev].store(std::ptr::null_mut(), Release);
+        DEFER[dev].store(false, Relaxed);
+        ANNOUNCE[dev].store(false, Relaxed);
+        STATE[dev].store(2, Relaxed);
+        let (Some(info), Some(dir)) = (ps.devices.get(dev), dir.as_deref()) else { continue };
+        let file = match NodeFile::open(dir, &info.uuid, true) {
+            Ok(f) => f,
+            Err(NodeError::NoDir) => continue,
+            Err(NodeError::Refused(why)) => {
+                vgpu_core::warn!("{why}");
+                continue;
+            }
+        };
+        let Some(idx) = file.claim(now) else {
+            vgpu_core::warn!("node file {}: no free entry; node-level coordination is off for this GPU", file.path.display());
+            continue;
+        };
+        let entry = Entry { container, priority: rt.config.priority, pid: my_pid(), heartbeat_ns: now, ..Entry::default() };
+        let n = DevNode { file, idx, pid: my_pid(), entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
+        n.file.write(idx, &entry);
+        vgpu_core::debug!("node file {}: entry {idx}, container {container:016x}, priority {}", n.file.path.display(), rt.config.priority);
+        NODES[dev].store(Box::into_raw(Box::new(n)), Release);
+        STATE[dev].store(1, Relaxed);
+    }
+}
+
+/// Monitor tick: heartbeat our entries (cap, soft cap, utilization, latest launch), read the
+/// others, set the flags the gate reads; reap entries of dead processes about once a second.
+/// `launched`: this process launched since the monitor's last publish.
+pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Option<u32>, Option<u32>), launched: bool) {
+    attach(rt, ps);
+    let now = vgpu_core::clock::now_ns();
+    let reap = TICKS.fetch_add(1, Relaxed).is_multiple_of(10);
+    for dev in 0..ps.devices.len().min(MAX_DEVICES) {
+        let Some(n) = dev_node(dev) else { continue };
+        if n.pid != my_pid() {
+            continue;
+        }
+        let lim = ps.region.limiter(dev);
+        let last_launch = lim.last_launch_ns.load(Relaxed).max(if launched { now } else { 0 });
+        let (cap, soft) = caps(dev);
+        write_entry(n, |e| {
+            e.heartbeat_ns = now;
+            e.priority = rt.config.priority;
+            e.cap = cap.unwrap_or(0);
+            e.soft_cap = soft.unwrap_or(0);
+            e.util_centi = if now.saturating_sub(last_launch) <= 2_000_000_000 { lim.util_centi_percent.load(Relaxed).min(10_000) as u32 } else { 0 };
+            e.last_launch_ns = e.last_launch_ns.max(last_launch);
+        });
+        let slots = match n.file.read() {
+            Ok(s) => s,
+            Err(why) => {
+                vgpu_core::warn!("node file {}: {why}; node-level coordination is off for this GPU", n.file.path.display());
+                detach(dev);
+                continue;
+            }
+        };
+        let container = n.entry.lock().map(|e| e.container).unwrap_or(0);
+        let p: Peers = node::peers(&slots, container, rt.config.priority, now);
+        DEFER[dev].store(p.higher, Relaxed);
+        ANNOUNCE[dev].store(p.lower, Relaxed);
+        OTHERS_BUSY[dev].store(p.others_busy, Relaxed);
+        if reap {
+            n.file.reap(Some(n.idx));
+        }
+    }
+}
