@@ -18,7 +18,7 @@ use crate::ffi::*;
 use crate::sys::sig;
 use crate::memory::drain_ctx;
 use crate::runtime::{ProcState, Runtime};
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use vgpu_core::policy::context::{self as policy, Contexts, Refused};
 use vgpu_core::region::MemKind;
 
@@ -92,9 +92,13 @@ fn charge_unlocked(ps: &ProcState, dev: usize, bytes: u64) {
     ps.region.charge(ps.slot, dev, MemKind::Context, bytes);
 }
 
-/// A context went: release its charge and everything allocated in it.
+/// A context went: release its charge, its modules' and everything allocated in it.
 fn context_gone(ps: &ProcState, dev: usize, ctx: u64, bytes: u64) {
     ps.region.release(ps.slot, dev, MemKind::Context, bytes);
+    let modules = ps.contexts().drain_modules(ctx);
+    for (d, b) in modules {
+        ps.region.release(ps.slot, d, MemKind::Context, b);
+    }
     drain_ctx(ps, ctx);
     vgpu_core::debug!("device {dev}: context destroyed, released {bytes} bytes of context memory and its allocations");
 }
@@ -244,6 +248,65 @@ pub unsafe fn green_destroy(rt: &'static Runtime, real: sig::cuGreenCtxDestroy, 
     let gone = ps.contexts().created.remove(&(green as usize));
     if let Some((d, bytes)) = gone {
         context_gone(ps, d, policy::green_alloc_ctx(ctx, green as u64), bytes);
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules: a load makes the device hold the module's code and globals, and a context grows at its
+// first load (an H100's primary context from 518 to 537 MiB). Charged with the load as context
+// memory, measured like a context (NVML before and after; no lock: a JIT compile may take
+// seconds), until the module is unloaded or its context destroyed.
+
+fn with_module_charge(rt: &Runtime, module: *mut CUmodule, load: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(ps) = rt.proc() else { return load() };
+    let Some(dev) = driver::current_device().and_then(|d| ps.dev_index(d)) else { return load() };
+    let nvml = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid));
+    let read = || (nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)), nvml.and_then(driver::nvml_used));
+    let (own_before, before) = read();
+    let r = load();
+    if r != CUDA_SUCCESS || module.is_null() {
+        return r;
+    }
+    let (own_after, after) = read();
+    let bytes = policy::module_charge(own_before, own_after, before, after);
+    if bytes > 0 {
+        // The memory is held already: charge it (over the cap, later allocations are refused).
+        ps.region.charge(ps.slot, dev, MemKind::Context, bytes);
+        // SAFETY: the driver wrote the module on success.
+        let m = unsafe { *module } as usize;
+        ps.contexts().modules.insert(m, (dev, bytes, driver::current_context()));
+        vgpu_core::debug!("device {dev}: module load charged {bytes} bytes");
+    }
+    r
+}
+
+pub unsafe fn module_load(rt: &'static Runtime, real: sig::cuModuleLoad, module: *mut CUmodule, fname: *const c_char) -> CUresult {
+    with_module_charge(rt, module, || real(module, fname))
+}
+
+pub unsafe fn module_load_data(rt: &'static Runtime, real: sig::cuModuleLoadData, module: *mut CUmodule, image: *const c_void) -> CUresult {
+    with_module_charge(rt, module, || real(module, image))
+}
+
+pub unsafe fn module_load_data_ex(rt: &'static Runtime, real: sig::cuModuleLoadDataEx, module: *mut CUmodule, image: *const c_void,
+    num_options: c_uint, options: *mut c_int, values: *mut *mut c_void) -> CUresult {
+    with_module_charge(rt, module, || real(module, image, num_options, options, values))
+}
+
+pub unsafe fn module_load_fat_binary(rt: &'static Runtime, real: sig::cuModuleLoadFatBinary, module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult {
+    with_module_charge(rt, module, || real(module, fat_cubin))
+}
+
+pub unsafe fn module_unload(rt: &'static Runtime, real: sig::cuModuleUnload, module: CUmodule) -> CUresult {
+    let r = real(module);
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    let Some(ps) = rt.proc_if_ready() else { return r };
+    let gone = ps.contexts().modules.remove(&(module as usize));
+    if let Some((dev, bytes, _)) = gone {
+        ps.region.release(ps.slot, dev, MemKind::Context, bytes);
     }
     r
 }

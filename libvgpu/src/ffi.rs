@@ -17,6 +17,7 @@ pub type CUcontext = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUfunction = *mut c_void;
+pub type CUmodule = *mut c_void;
 pub type CUgraphExec = *mut c_void;
 pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;

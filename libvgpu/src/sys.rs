@@ -108,6 +108,13 @@ hooked {
     Cuda policy fn cuGreenCtxCreate(pctx: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint)
         => context::green_create;
     Cuda policy fn cuGreenCtxDestroy(ctx: CUgreenCtx) => context::green_destroy;
+    // ---- modules: what a load makes the device hold (code, globals, the context's growth) -----
+    Cuda policy fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) => context::module_load;
+    Cuda policy fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) => context::module_load_data;
+    Cuda policy fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: c_uint,
+        options: *mut c_int, values: *mut *mut c_void) => context::module_load_data_ex;
+    Cuda policy fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) => context::module_load_fat_binary;
+    Cuda policy fn cuModuleUnload(module: CUmodule) => context::module_unload;
     Cuda policy fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain;
     Cuda policy fn cuDevicePrimaryCtxRelease(dev: CUdevice) => context::primary_release;
     Cuda policy fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => context::primary_release;

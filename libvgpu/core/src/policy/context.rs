@@ -27,6 +27,25 @@ pub fn own_growth(before: Option<u64>, after: Option<u64>) -> Option<u64> {
     after.map(|a| a.saturating_sub(before.unwrap_or(0))).filter(|&b| b <= MAX_CONTEXT_BYTES)
 }
 
+/// What a module load made the device hold (its code and globals, and the context's growth at
+/// its first load: an H100's primary context grows from 518 to 537 MiB), from the process's own
+/// NVML figure before and after, else the device's used memory, which other processes may move
+/// meanwhile: believed only up to `MAX_MODULE_GUESS_BYTES`. Nothing when neither tells (the
+/// monitor's NVML growth charge catches up later).
+pub fn module_charge(own_before: Option<u64>, own_after: Option<u64>, device_before: Option<u64>, device_after: Option<u64>) -> u64 {
+    if let Some(a) = own_after {
+        return accounted_size(a.saturating_sub(own_before.unwrap_or(0)));
+    }
+    match (device_before, device_after) {
+        (Some(b), Some(a)) if a > b && a - b <= MAX_MODULE_GUESS_BYTES => accounted_size(a - b),
+        _ => 0,
+    }
+}
+
+/// Largest module charge taken from the device-wide figure (a context's growth and a typical
+/// module's globals fit; more is more likely another process's allocation).
+pub const MAX_MODULE_GUESS_BYTES: u64 = 256 << 20;
+
 /// What a new context is charged, and from which reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Charge {
@@ -78,6 +97,8 @@ pub struct Contexts {
     pub primary_ctx: [usize; MAX_DEVICES],
     /// Created and green contexts -> (device index, bytes charged as MemKind::Context).
     pub created: HashMap<usize, (usize, u64)>,
+    /// Loaded modules -> (device index, bytes charged as MemKind::Context, their context).
+    pub modules: HashMap<usize, (usize, u64, u64)>,
     /// Bytes charged for the primary context per device (0 = none charged).
     pub charged: [u64; MAX_DEVICES],
     /// Whether the primary context's charge exists (a measured 0 is still a charge).
@@ -85,6 +106,12 @@ pub struct Contexts {
 }
 
 impl Contexts {
+    /// Forget the modules of context `ctx` (gone with it); returns their (device, bytes).
+    pub fn drain_modules(&mut self, ctx: u64) -> Vec<(usize, u64)> {
+        let gone: Vec<usize> = self.modules.iter().filter(|(_, m)| m.2 == ctx).map(|(&k, _)| k).collect();
+        gone.into_iter().filter_map(|k| self.modules.remove(&k)).map(|(d, b, _)| (d, b)).collect()
+    }
+
     /// Whether a retain of `dev`'s primary context creates it (and must be measured and charged);
     /// a further reference costs nothing.
     pub fn primary_needs_charge(&self, dev: usize) -> bool {
@@ -119,6 +146,32 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn module_loads_are_charged_from_the_best_reading() {
+        // The process's own figure wins, even when the device moved more (another process).
+        assert_eq!(module_charge(Some(518 * MIB), Some(537 * MIB), Some(1000 * MIB), Some(2000 * MIB)), 20 * MIB);
+        // Listed only after the load: all of it is the load's.
+        assert_eq!(module_charge(None, Some(19 * MIB), None, None), 20 * MIB);
+        // The device's figure, within reason; a fall or a jump beyond the guess bound: nothing.
+        assert_eq!(module_charge(None, None, Some(100 * MIB), Some(119 * MIB)), 20 * MIB);
+        assert_eq!(module_charge(None, None, Some(100 * MIB), Some(90 * MIB)), 0);
+        assert_eq!(module_charge(None, None, Some(0), Some(MAX_MODULE_GUESS_BYTES + 1)), 0);
+        assert_eq!(module_charge(None, None, None, Some(50 * MIB)), 0);
+    }
+
+    #[test]
+    fn a_destroyed_context_takes_its_modules_with_it() {
+        let mut c = Contexts::default();
+        c.modules.insert(1, (0, 20 * MIB, 7));
+        c.modules.insert(2, (0, 4 * MIB, 7));
+        c.modules.insert(3, (1, 2 * MIB, 8));
+        let mut gone = c.drain_modules(7);
+        gone.sort();
+        assert_eq!(gone, vec![(0, 4 * MIB), (0, 20 * MIB)]);
+        assert_eq!(c.modules.len(), 1);
+        assert!(c.drain_modules(7).is_empty());
+    }
 
     #[test]
     fn charge_rules() {
