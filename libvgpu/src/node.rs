@@ -22,6 +22,8 @@ struct DevNode {
     idx: usize,
     /// The process that claimed it (a forked child claims its own).
     pid: u32,
+    /// Our container's id (fixed for the entry's life: read by the launch path without a lock).
+    container: u64,
     /// The entry as last written; the mutex also orders writes of the launch path and the monitor.
     entry: Mutex<Entry>,
     /// `entry.active_until_ns`, readable without the mutex.
@@ -85,7 +87,7 @@ pub(crate) fn hold_now(rt: &Runtime, dev: usize, now: u64) -> bool {
         return false;
     }
     let Ok(slots) = n.file.read() else { return false }; // the monitor reports and detaches
-    let container = n.entry.lock().map(|e| e.container).unwrap_or(0);
+    let container = n.container;
     let hold = node::peers(&slots, container, rt.config.priority, now).higher_busy;
     if !hold {
         n.clear_at_ns.store(now, Relaxed);
@@ -171,7 +173,7 @@ fn attach(rt: &Runtime, ps: &ProcState) {
             continue;
         };
         let entry = Entry { container, priority: rt.config.priority, pid: my_pid(), heartbeat_ns: now, ..Entry::default() };
-        let n = DevNode { file, idx, pid: my_pid(), entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
+        let n = DevNode { file, idx, pid: my_pid(), container, entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
         n.file.write(idx, &entry);
         vgpu_core::debug!("node file {}: entry {idx}, container {container:016x}, priority {}", n.file.path.display(), rt.config.priority);
         NODES[dev].store(Box::into_raw(Box::new(n)), Release);
@@ -210,7 +212,7 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
                 continue;
             }
         };
-        let container = n.entry.lock().map(|e| e.container).unwrap_or(0);
+        let container = n.container;
         let p: Peers = node::peers(&slots, container, rt.config.priority, now);
         DEFER[dev].store(p.higher, Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
