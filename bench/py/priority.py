@@ -1,0 +1,73 @@
+"""Issue 14's acceptance: an inference service (priority 0) beside GPT-2 training (priority 1, no
+cap), each its own container (own region) sharing one node directory (VGPU_NODE_DIR), under
+libvgpu. Three runs: the service alone, beside training without priority (both priority 0),
+beside training with priority. Pass: p99 with priority within 10% of alone; training keeps at
+least 80% of the GPU time the service leaves idle (its throughput over its solo throughput
+times (1 - the service's alone utilization)).
+usage: priority.py [SECONDS]   (env DIST; OUT: appends a JSON line to $OUT/priority.jsonl)"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from share import DIST, Proc  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20
+node_dir = tempfile.mkdtemp(prefix="node-")
+
+
+def env(prio, tag):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
+    e.update(LD_PRELOAD=f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
+             CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=f"prio-{tag}-"), PYTHONUNBUFFERED="1")
+    return e
+
+
+def service(prio):
+    out = subprocess.run([sys.executable, f"{HERE}/service.py", str(secs)], env=env(prio, "svc"),
+                         capture_output=True, text=True, check=True).stdout
+    line = [x for x in out.splitlines() if x.startswith("service ")][-1]
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+
+def training_rate(p, t0, t1):
+    return (p.at(t1) - p.at(t0)) / (t1 - t0)
+
+
+# Training alone: its solo throughput.
+train = Proc([sys.executable, f"{HERE}/workloads.py", "gpt2"], env(1, "train"))
+train.ready.wait(300)
+time.sleep(3)
+t0 = time.monotonic()
+time.sleep(8)
+solo = training_rate(train, t0, time.monotonic())
+train.p.terminate()
+train.p.wait()
+# The service alone: its latency and how busy it keeps the GPU.
+alone = service(0)
+svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
+rec = dict(training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
+for mode, train_prio in (("no_priority", 0), ("priority", 1)):
+    train = Proc([sys.executable, f"{HERE}/workloads.py", "gpt2"], env(train_prio, f"train-{mode}"))
+    train.ready.wait(300)
+    time.sleep(3)
+    t0 = time.monotonic()
+    beside = service(0)
+    t1 = time.monotonic()
+    keep = training_rate(train, t0, t1) / (solo * max(1e-6, 1 - svc_util))
+    train.p.terminate()
+    train.p.wait()
+    rec[mode] = dict(service=beside, training_keeps=round(keep, 3))
+p99_ratio = rec["priority"]["service"]["p99_ms"] / alone["p99_ms"]
+rec["ok_p99"] = p99_ratio <= 1.10
+rec["ok_training"] = rec["priority"]["training_keeps"] >= 0.80
+rec["p99_ratio"] = round(p99_ratio, 3)
+print("priority " + json.dumps(rec), flush=True)
+if os.environ.get("OUT"):
+    with open(os.path.join(os.environ["OUT"], "priority.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+sys.exit(0 if rec["ok_p99"] and rec["ok_training"] else 1)
