@@ -103,6 +103,12 @@ for section in "${sections[@]}"; do
         echo "== findings 1-4: test_mem_escape under the hook"
         escape_case vmm 2g --case vmm --chunk 512m --count 6
         escape_case pool 2g --case pool
+        # The same capture with no hook: the reference for "the hook broke the capture".
+        if env -u LD_PRELOAD "$S/test_mem_escape" --case graph >"$LOG/graph-native.log" 2>&1; then
+            verdict PASS graph/native "the capture works without the hook"
+        else
+            verdict FAIL graph/native "$(grep -m1 error= "$LOG/graph-native.log")"
+        fi
         escape_case graph 2g --case graph
         escape_case contexts 4g --case contexts --count 4 --green 2
         escape_case ctx-destroy 2g --case ctx-destroy

@@ -233,11 +233,7 @@ fn pool_growth(pool: CUmemoryPool, bytes: u64) -> u64 {
 unsafe fn pool_alloc(ps: &ProcState, dev: usize, pool: CUmemoryPool, stream: CUstream, bytesize: usize, what: &str,
     call: impl FnOnce() -> (CUresult, CUdeviceptr)) -> CUresult {
     if driver::stream_capturing(stream) {
-        let (r, _) = call();
-        if r == CUDA_SUCCESS {
-            ps.ledgers().phys.capture.entry(stream as usize).or_default().push((dev, pages(bytesize as u64)));
-        }
-        return r;
+        return captured_alloc(ps, Some(dev), stream, bytesize, call);
     }
     know_pool(ps, pool, dev);
     let est = pool_growth(pool, bytesize as u64);
@@ -255,10 +251,28 @@ unsafe fn pool_alloc(ps: &ProcState, dev: usize, pool: CUmemoryPool, stream: CUs
     r
 }
 
+/// An allocation into a stream capture: the driver adds an alloc node to the capture's graph,
+/// charged with the graph (`graph_*`) on `dev` when it is known.
+fn captured_alloc(ps: &ProcState, dev: Option<usize>, stream: CUstream, bytesize: usize,
+    call: impl FnOnce() -> (CUresult, CUdeviceptr)) -> CUresult {
+    let (r, _) = call();
+    if let (CUDA_SUCCESS, Some(dev)) = (r, dev) {
+        ps.ledgers().phys.capture.entry(stream as usize).or_default().push((dev, pages(bytesize as u64)));
+    }
+    r
+}
+
 pub unsafe fn mem_alloc_async(rt: &'static Runtime, real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
     let Some(ps) = rt.proc() else { return real(dptr, bytesize, stream) };
-    // Our queries must not invalidate a global-mode capture the caller is running (on an H100 the
-    // capture of a cuMemAllocAsync failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+    if driver::stream_capturing(stream) {
+        // Nothing may touch a capturing stream but the capture: asking it for its device or
+        // context may invalidate the capture (an H100 failed a captured cuMemAllocAsync with
+        // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED even with those queries in relaxed mode; not yet
+        // confirmed to be the cause). The captured allocation is on the current context's device.
+        let dev = driver::with_relaxed_capture(driver::current_device).and_then(|d| ps.dev_index(d));
+        return captured_alloc(ps, dev, stream, bytesize, || (real(dptr, bytesize, stream), 0));
+    }
+    // Our queries must not invalidate a global-mode capture another thread is running.
     let found = driver::with_relaxed_capture(|| {
         let cudev = driver::stream_device(stream, |c| known_context_device(ps, c))?;
         Some((cudev, driver::device_mem_pool(cudev)?))
