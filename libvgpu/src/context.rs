@@ -49,18 +49,17 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
         }
     };
     let info = ps.device(dev);
-    let nvml = info.and_then(|d| driver::nvml_handle_by_uuid(&d.uuid));
-    let before = nvml.and_then(driver::nvml_used);
-    let own_before = nvml.and_then(|h| driver::nvml_process_used(h, ps.pid));
+    let read = usage_reader(ps, dev);
+    let (own_before, before) = read();
     let r = create();
     if r != CUDA_SUCCESS {
         return r;
     }
-    let after = nvml.and_then(driver::nvml_used);
+    let (own_after, after) = read();
     let default = rt.config.context_reserve(info.map_or(0, |d| d.physical_total));
     // Best source: NVML's per-process figure for this very process, when NVML lists our PID
     // (shared PID namespace: the host PID is ours).
-    let own = policy::own_growth(own_before, nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)));
+    let own = policy::own_growth(own_before, own_after);
     let charge = policy::charge(own, before, after, default);
     if charge.own {
         ps.region.set_hostpid(ps.slot, ps.pid as i32);
@@ -85,6 +84,14 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
     on_success(&mut ps.contexts(), bytes);
     vgpu_core::debug!("device {dev}: context charged {bytes} bytes (NVML before {before:?}, after {after:?})");
     r
+}
+
+/// Reads, each time it is called, what NVML says this process and device `dev` hold: (this
+/// process's figure when NVML lists our PID, the device's used memory). Read before and after a
+/// context creation or a module load to measure it.
+fn usage_reader(ps: &ProcState, dev: usize) -> impl Fn() -> (Option<u64>, Option<u64>) + '_ {
+    let nvml = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid));
+    move || (nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)), nvml.and_then(driver::nvml_used))
 }
 
 fn charge_unlocked(ps: &ProcState, dev: usize, bytes: u64) {
@@ -261,8 +268,7 @@ pub unsafe fn green_destroy(rt: &'static Runtime, real: sig::cuGreenCtxDestroy, 
 fn with_module_charge(rt: &Runtime, module: *mut CUmodule, load: impl FnOnce() -> CUresult) -> CUresult {
     let Some(ps) = rt.proc() else { return load() };
     let Some(dev) = driver::current_device().and_then(|d| ps.dev_index(d)) else { return load() };
-    let nvml = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid));
-    let read = || (nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)), nvml.and_then(driver::nvml_used));
+    let read = usage_reader(ps, dev);
     let (own_before, before) = read();
     let r = load();
     if r != CUDA_SUCCESS || module.is_null() {

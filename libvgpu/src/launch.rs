@@ -386,7 +386,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         g.meter.queue_bound_ns = crate::node::queue_bound(dev);
         let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
         match step {
-            Step::Go => prepared = Some(prepare(g, key, record_on, ctx)),
+            Step::Go => prepared = Some(prepare(g, key, record_on, ctx, now)),
             // About to wait: an event now ends the stream's launches without one where they
             // end, not after the wait (spaced events would stretch their interval over it).
             Step::Wait(_) if g.meter.wants_flush_event(key) => {
@@ -402,7 +402,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     // A hold that ran out (MAX_HOLD_NS) lets the launch go unprepared: prepare it now.
     let prepared = prepared.unwrap_or_else(|| {
         let mut g = lock(dev);
-        let p = prepare(&mut g, key, record_on, ctx);
+        let p = prepare(&mut g, key, record_on, ctx, vgpu_core::clock::fast_now_ns());
         g.events.settle();
         p
     });
@@ -420,9 +420,8 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
 
 /// The context clock of the launch's stream, and a start event when the stream is idle (its
 /// launch latency is not GPU time). `None`: the context cannot be timed, the launch goes untracked.
-fn prepare(g: &mut DeviceGate, key: StreamKey, record_on: CUstream, ctx: CUcontext) -> Option<(usize, Option<Ev>)> {
+fn prepare(g: &mut DeviceGate, key: StreamKey, record_on: CUstream, ctx: CUcontext, now: u64) -> Option<(usize, Option<Ev>)> {
     let ctx = g.events.ctx_index(ctx)?;
-    let now = vgpu_core::clock::fast_now_ns();
     let start_ev = if g.meter.wants_start_event(key, now) { g.events.record(ctx, record_on) } else { None };
     Some((ctx, start_ev))
 }
@@ -441,7 +440,8 @@ fn gated_after(t: Gated, result: i32) {
     let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on) } else { None };
     g.meter.launched(t.key, t.start_ev, ev, t.submit_ns, &mut g.events);
     g.events.settle();
-    crate::node::declare(t.dev, t.submit_ns, g.meter.queued_est_ns());
+    // The queue estimate walks every stream: only when the node file wants it.
+    crate::node::declare(t.dev, t.submit_ns, || g.meter.queued_est_ns());
 }
 
 #[cold]
@@ -481,7 +481,7 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                 g.events.settle();
                 match g.meter.queued_est_ns() {
                     0 => crate::node::idle(dev, now),
-                    queued => crate::node::declare(dev, now, queued),
+                    queued => crate::node::declare(dev, now, || queued),
                 }
                 report(dev, Some((g.meter.charged_total_ns, g.meter.launches())));
             }

@@ -103,12 +103,12 @@ fn write_entry(n: &DevNode, f: impl FnOnce(&mut Entry)) {
 }
 
 /// We have work queued on `dev` (estimated `queued_est_ns` of GPU time): tell lower priorities.
-pub(crate) fn declare(dev: usize, now: u64, queued_est_ns: u64) {
+pub(crate) fn declare(dev: usize, now: u64, queued_est_ns: impl FnOnce() -> u64) {
     if !ANNOUNCE.get(dev).is_some_and(|a| a.load(Relaxed)) {
         return;
     }
     let Some(n) = dev_node(dev) else { return };
-    let until = node::declare_until(now, queued_est_ns);
+    let until = node::declare_until(now, queued_est_ns());
     let declared = n.declared_ns.load(Relaxed);
     if declared > now && until.abs_diff(declared) <= REDECLARE_NS {
         return;

@@ -321,10 +321,12 @@ impl<E: Copy> Meter<E> {
         };
         let i = self.track(key, now);
         // 1. Bound our queue: the GPU runs whatever is queued, budget or not.
-        if self.queued_est_ns() >= target && self.polled_ns != now {
+        let mut queued = self.queued_est_ns();
+        if queued >= target && self.polled_ns != now {
             self.poll(evs, bucket, now); // decide on fresh completions
+            queued = self.queued_est_ns();
         }
-        if !self.streams[i].pending.is_empty() && self.queued_est_ns() >= target {
+        if !self.streams[i].pending.is_empty() && queued >= target {
             let due = self.streams[i].head_expected_end();
             return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
