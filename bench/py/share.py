@@ -12,7 +12,7 @@ usage: share.py --name NAME [--caps 25,50] [--procs N] [--fresh RUNS] -- CMD ARG
   --procs N    run N copies of CMD in one container (one region); throughput is their sum
   --fresh R    instead of switching at run time, start R fresh processes per cap (each with
                CUDA_DEVICE_SM_LIMIT set) and judge every run on its own
-Env: DIST (libvgpu.so, tools/shrreg-tool), WARM (s, default 2.5), MEASURE (s, default 4),
+Env: DIST (libvgpu.so, tools/shrreg-tool), LIBVGPU (another build of the hook to preload), WARM (s, default 2.5), MEASURE (s, default 4),
 OUT (a JSON line per phase is appended to $OUT/share.jsonl), SHARE_LOGS (a directory: each
 workload's output is kept there).
 """
@@ -139,7 +139,7 @@ def judge(name, cap, u0, k0, utils, k, extra=None):
 
 
 def child_env(region, cap=None):
-    env = dict(os.environ, LD_PRELOAD=f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=region, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=region, PYTHONUNBUFFERED="1")
     env.pop("CUDA_DEVICE_SM_LIMIT", None)
     if cap is not None:
         env["CUDA_DEVICE_SM_LIMIT"] = str(cap)

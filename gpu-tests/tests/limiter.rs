@@ -296,3 +296,53 @@ fn the_cap_holds_as_nvml_counts_even_where_nvml_counts_more_than_the_events() {
     let mean = key_f64(&watched, "mean_util");
     assert!((mean - 30.0).abs() <= 3.0, "NVML read {mean:.1}% under a 30% cap\n{watched}\n{out}");
 }
+
+/// NVML's mean utilization (the unhooked observer) while `test_streams ARGS` runs under the hook
+/// for 8 s with `env`, from second 3 on.
+fn nvml_mean_under(args: &[&str], env: &[(&str, &str)]) -> (f64, String) {
+    let s = Scratch::new("lim-nvml-mean");
+    let a = artifacts();
+    let mut c = mock_command(&a.sample("test_streams"), &s, true);
+    c.envs(env.iter().copied()).args(args).args(["--seconds", "8"]);
+    let child = spawn(c);
+    let mut w = mock_command(&a.sample("nvml_watch"), &s, false);
+    w.envs(env.iter().copied()).args(["--seconds", "7", "--skip", "3", "--every-ms", "250"]);
+    let watched = run_ok(w);
+    let out = finish(child);
+    (key_f64(&watched, "mean_util"), format!("{watched}\n{out}"))
+}
+
+/// The drift test's pattern: 40 us kernels, 60 us of host time after each, no synchronize.
+const DRIFT_ARGS: [&str; 6] = ["--us", "40", "--gap-us", "60", "--sync-every", "0"];
+
+/// NVML under a 20% cap with the GPU's timer `ppm` off the host clock, and what it should read.
+fn drift_case(ppm: &str) -> (f64, f64, String) {
+    let (u0, base) = nvml_mean_under(&DRIFT_ARGS, &[("MOCK_GPU_TIMER_PPM", ppm)]);
+    let (got, out) = nvml_mean_under(&DRIFT_ARGS, &[("MOCK_GPU_TIMER_PPM", ppm), ("CUDA_DEVICE_SM_LIMIT", "20")]);
+    (got, u0.min(20.0), format!("uncapped {u0:.1}%\n{out}\nuncapped:\n{base}"))
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+fn the_cap_holds_when_the_gpu_timer_runs_slow() {
+    // Event times are GPU time mapped onto the host clock through an anchor event; a GPU timer
+    // slower than CLOCK_MONOTONIC mapped every event earlier than the truth, more each second,
+    // and short kernels submitted to a stream that had just drained ended, mapped, before their
+    // submission: their time vanished (an H100 measured GPT-2 and torch.compile training at a
+    // third, then a tenth, of what NVML counted, and let them run at 42 and 63 under a cap of
+    // 50). Here 1000 ppm (hundreds on real machines, over minutes): NVML read 56% under a 20%
+    // cap before each event's record time bounded its mapping.
+    let (got, want, out) = drift_case("-1000");
+    assert!((got - want).abs() <= 3.0, "timer 1000 ppm slow: NVML read {got:.1}% under a 20% cap\n{out}");
+}
+
+#[test]
+#[serial(mock_gpu_timing)]
+#[ignore = "KNOWN FAILURE: a GPU timer 1000 ppm fast still maps events late by tens of us (NVML 15.1-15.6% under a 20% cap: overcharged, never over the cap); run with --ignored"]
+fn the_cap_holds_when_the_gpu_timer_runs_fast() {
+    // The fast direction is held only by how late events are seen and by one idle-stream event a
+    // window (`eventclock`); on the mock that leaves batches that start at a host submission
+    // charged 10-40 us too long each.
+    let (got, want, out) = drift_case("1000");
+    assert!((got - want).abs() <= 3.0, "timer 1000 ppm fast: NVML read {got:.1}% under a 20% cap\n{out}");
+}

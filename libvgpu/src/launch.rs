@@ -13,6 +13,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
+use vgpu_core::limiter::eventclock::EventClock;
 use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, Step, StreamKey};
 use vgpu_core::MAX_DEVICES;
 
@@ -31,6 +32,8 @@ pub(crate) struct GateCounters {
     pub events: AtomicU64,
     pub record_failed: AtomicU64,
     pub lost: AtomicU64,
+    /// Time launches spent held by the gate (ns).
+    pub held_ns: AtomicU64,
 }
 pub(crate) static COUNTERS: GateCounters = GateCounters {
     gated: AtomicU64::new(0),
@@ -39,19 +42,21 @@ pub(crate) static COUNTERS: GateCounters = GateCounters {
     events: AtomicU64::new(0),
     record_failed: AtomicU64::new(0),
     lost: AtomicU64::new(0),
+    held_ns: AtomicU64::new(0),
 };
 
 impl GateCounters {
     pub(crate) fn summary(&self) -> String {
         let g = |a: &AtomicU64| a.load(Relaxed);
         format!(
-            "gated={} untracked_stream={} captured={} events={} record_failed={} lost={}",
+            "gated={} untracked_stream={} captured={} events={} record_failed={} lost={} held_ms={}",
             g(&self.gated),
             g(&self.untracked_stream),
             g(&self.captured),
             g(&self.events),
             g(&self.record_failed),
-            g(&self.lost)
+            g(&self.lost),
+            g(&self.held_ns) / 1_000_000
         )
     }
 }
@@ -143,25 +148,28 @@ fn resolve_stream(stream: CUstream, ptsz: bool) -> Option<(StreamKey, CUstream, 
 
 // ---- timing events ---------------------------------------------------------------------------
 
-/// One of our timing events, with the index of its context's clock.
+/// One of our timing events, with the index of its context's clock, the host time its record
+/// began (it cannot have completed earlier) and whether its stream was idle then (it completed
+/// right after).
 #[derive(Clone, Copy, PartialEq)]
 struct Ev {
     ev: CUevent,
     ctx: usize,
+    recorded_ns: u64,
+    idle: bool,
 }
 
 /// Per-context mapping of event times to host time: an anchor event whose host time is known;
-/// an event's time is the anchor's plus `cuEventElapsedTime(anchor, event)`.
+/// an event's time is the anchor's plus `cuEventElapsedTime(anchor, event)`, kept from drifting
+/// by each event's own bracket (`EventClock`).
 struct CtxClock {
     ctx: CUcontext,
     anchor: CUevent,
-    anchor_ns: u64,
+    clock: EventClock,
     /// Recycled timing events of this context.
     free: Vec<CUevent>,
 }
 
-/// Re-anchor on a completed event this often (float milliseconds lose precision with distance).
-const REANCHOR_NS: u64 = 1_000_000_000;
 /// How long the first anchor may take to complete on our own idle stream.
 const ANCHOR_WAIT_NS: u64 = 20_000_000;
 
@@ -177,7 +185,7 @@ impl CtxClock {
         loop {
             let now = vgpu_core::clock::now_ns();
             match driver::event_query(anchor) {
-                CUDA_SUCCESS => return Some(CtxClock { ctx, anchor, anchor_ns: now, free: Vec::new() }),
+                CUDA_SUCCESS => return Some(CtxClock { ctx, anchor, clock: EventClock::new(now), free: Vec::new() }),
                 CUDA_ERROR_NOT_READY if now - t0 < ANCHOR_WAIT_NS => std::thread::yield_now(),
                 _ => return None,
             }
@@ -226,14 +234,15 @@ impl EventClocks {
         Some(self.ctxs.len() - 1)
     }
 
-    /// Record a timing event on `stream` (of context `ctx`).
-    fn record(&mut self, ctx: usize, stream: CUstream) -> Option<Ev> {
+    /// Record a timing event on `stream` (of context `ctx`); `idle`: nothing is queued there.
+    fn record(&mut self, ctx: usize, stream: CUstream, idle: bool) -> Option<Ev> {
         self.relax();
         let c = self.ctxs.get_mut(ctx)?;
         let ev = c.event()?;
+        let recorded_ns = vgpu_core::clock::fast_now_ns();
         if driver::event_record(ev, stream) == CUDA_SUCCESS {
             COUNTERS.events.fetch_add(1, Relaxed);
-            return Some(Ev { ev, ctx });
+            return Some(Ev { ev, ctx, recorded_ns, idle });
         }
         c.free.push(ev);
         COUNTERS.record_failed.fetch_add(1, Relaxed);
@@ -259,15 +268,16 @@ impl Events for EventClocks {
                 return EventState::Lost; // e.g. the context was destroyed: never wait on it
             }
         }
+        let seen_ns = vgpu_core::clock::fast_now_ns();
         let Some(ms) = driver::event_elapsed_ms(c.anchor, e.ev) else {
             COUNTERS.lost.fetch_add(1, Relaxed);
             return EventState::Lost;
         };
-        let t = (c.anchor_ns as i128 + (ms as f64 * 1e6) as i128).max(0) as u64;
-        if t.saturating_sub(c.anchor_ns) >= REANCHOR_NS {
+        let t = c.clock.host_time((ms as f64 * 1e6) as i64, e.recorded_ns, seen_ns, e.idle);
+        if c.clock.reanchor_due(t) {
             // Chain the anchor forward: this event's host time is as good as the anchor's.
             let old = std::mem::replace(&mut c.anchor, e.ev);
-            c.anchor_ns = t;
+            c.clock.reanchor(t);
             c.free.push(old);
         }
         EventState::Done(t)
@@ -374,7 +384,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     let owner = ps.slot.index() as u64 + 1;
     // When the gate says go, the same lock and capture-mode switch also prepare the launch.
     let mut prepared = None;
-    hold(&mut SysClock, |now| {
+    let held = hold(&mut SysClock, |now| {
         // A higher-priority container has work on this GPU (node file): wait, bounded as any hold.
         if crate::node::hold_now(rt, dev, now) {
             return Step::Wait(vgpu_core::node::HOLD_POLL_NS);
@@ -390,7 +400,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
             // About to wait: an event now ends the stream's launches without one where they
             // end, not after the wait (spaced events would stretch their interval over it).
             Step::Wait(_) if g.meter.wants_flush_event(key) => {
-                if let Some(ev) = g.events.ctx_index(ctx).and_then(|c| g.events.record(c, record_on)) {
+                if let Some(ev) = g.events.ctx_index(ctx).and_then(|c| g.events.record(c, record_on, false)) {
                     g.meter.flushed(key, ev, now);
                 }
             }
@@ -399,6 +409,9 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         g.events.settle();
         step
     });
+    if held > 0 {
+        COUNTERS.held_ns.fetch_add(held, Relaxed);
+    }
     // A hold that ran out (MAX_HOLD_NS) lets the launch go unprepared: prepare it now.
     let prepared = prepared.unwrap_or_else(|| {
         let mut g = lock(dev);
@@ -422,7 +435,10 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
 /// launch latency is not GPU time). `None`: the context cannot be timed, the launch goes untracked.
 fn prepare(g: &mut DeviceGate, key: StreamKey, record_on: CUstream, ctx: CUcontext, now: u64) -> Option<(usize, Option<Ev>)> {
     let ctx = g.events.ctx_index(ctx)?;
-    let start_ev = if g.meter.wants_start_event(key, now) { g.events.record(ctx, record_on) } else { None };
+    let idle = g.meter.is_idle(key);
+    // Also one start event a window on an idle stream, to hold the context's clock mapping.
+    let sync = idle && g.events.ctxs[ctx].clock.wants_idle_event();
+    let start_ev = if sync || g.meter.wants_start_event(key, now) { g.events.record(ctx, record_on, idle) } else { None };
     Some((ctx, start_ev))
 }
 
@@ -437,7 +453,7 @@ fn gated_after(t: Gated, result: i32) {
         return;
     }
     // A start event needs its end event; otherwise one event per `EVENT_SPACING_NS`.
-    let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on) } else { None };
+    let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on, false) } else { None };
     g.meter.launched(t.key, t.start_ev, ev, t.submit_ns, &mut g.events);
     g.events.settle();
     // The queue estimate walks every stream: only when the node file wants it.
@@ -482,6 +498,23 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                 match g.meter.queued_est_ns() {
                     0 => crate::node::idle(dev, now),
                     queued => crate::node::declare(dev, now, || queued),
+                }
+                if vgpu_core::log::enabled(vgpu_core::log::DEBUG) {
+                    let m = &g.meter;
+                    let s = m.stats;
+                    vgpu_core::debug!(
+                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} waits_queue={} waits_budget={} queued_est_us={} pending={} est_us={:?}",
+                        s.batches,
+                        s.clipped,
+                        s.clipped_ns / 1_000_000,
+                        s.closed_at_sync,
+                        s.closed_at_sync_ns / 1_000_000,
+                        s.waits_queue,
+                        s.waits_budget,
+                        m.queued_est_ns() / 1000,
+                        m.pending_launches(),
+                        m.estimates_us()
+                    );
                 }
                 report(dev, Some((g.meter.charged_total_ns, g.meter.launches())));
             }

@@ -309,7 +309,7 @@ unsafe fn event_record(event: Handle, stream: Handle) -> CUresult {
 }
 
 unsafe fn elapsed(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
-    run(|p, _| {
+    run(|p, st| {
         if ms.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -324,7 +324,8 @@ unsafe fn elapsed(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
         if now_ns() < a.max(b) {
             return Err(CUDA_ERROR_NOT_READY);
         }
-        out(ms, ((b as i128 - a as i128) as f64 / 1e6) as f32)
+        let ppm = st.header().timer_ppm as f64;
+        out(ms, ((b as i128 - a as i128) as f64 * (1.0 + ppm / 1e6) / 1e6) as f32)
     })
 }
 

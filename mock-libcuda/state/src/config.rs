@@ -30,6 +30,9 @@ pub struct Config {
     pub clock_khz: u32,
     pub cc_major: u32,
     pub cc_minor: u32,
+    /// How much faster than CLOCK_MONOTONIC the GPU's event timer runs, in ppm (a real GPU's
+    /// timer and an NTP-slewed host clock differ by up to hundreds); default 0.
+    pub timer_ppm: i32,
 }
 
 const GIB: u64 = 1 << 30;
@@ -76,6 +79,7 @@ impl Default for Config {
             clock_khz: 1_000_000,
             cc_major: 9,
             cc_minor: 0,
+            timer_ppm: 0,
         }
     }
 }
@@ -146,6 +150,13 @@ impl Config {
                 Ok(n) if n > 0 => c.clock_khz = n,
                 Ok(_) => bad("MOCK_GPU_CLOCK_KHZ", &v, "must be > 0".into()),
                 Err(e) => bad("MOCK_GPU_CLOCK_KHZ", &v, e.to_string()),
+            }
+        }
+        if let Some(v) = get("MOCK_GPU_TIMER_PPM") {
+            match v.trim().parse::<i32>() {
+                Ok(n) if n.abs() < 1_000_000 => c.timer_ppm = n,
+                Ok(_) => bad("MOCK_GPU_TIMER_PPM", &v, "must be within +-999999".into()),
+                Err(e) => bad("MOCK_GPU_TIMER_PPM", &v, e.to_string()),
             }
         }
         if let Some(v) = get("MOCK_GPU_CC") {

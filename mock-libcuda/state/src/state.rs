@@ -26,7 +26,9 @@ pub struct Header {
     pub clock_khz: u32,
     pub cc_major: u32,
     pub cc_minor: u32,
-    _pad: u32,
+    /// How much faster than the host clock the GPU's timer runs, in ppm (negative: slower):
+    /// what `cuEventElapsedTime` reports is scaled by it.
+    pub timer_ppm: i32,
 }
 
 #[repr(C)]
@@ -360,6 +362,7 @@ impl GpuState {
         h.clock_khz = cfg.clock_khz;
         h.cc_major = cfg.cc_major;
         h.cc_minor = cfg.cc_minor;
+        h.timer_ppm = cfg.timer_ppm;
         std::sync::atomic::fence(SeqCst);
         h.magic = MAGIC;
         map.flush().map_err(|e| e.to_string())?;

@@ -101,10 +101,11 @@ struct StreamTrack<E> {
     recorded_ns: u64,
     /// When the stream's previous event completed: the next launch cannot start earlier.
     last_end_ns: u64,
-    /// Estimated GPU time per launch (moving average of measured intervals), and how many
-    /// intervals taught it.
+    /// Estimated GPU time per launch: measured interval time over the launches it covered,
+    /// both sums decaying by 1/`EST_WINDOW` per interval (launches in thousandths).
     est_ns: u64,
-    samples: u32,
+    est_sum_ns: u64,
+    est_launches_milli: u64,
     /// Per-launch time while we had the GPU to ourselves (minimum, drifting up), and recent
     /// per-launch time over it: how much another tenant slows this stream.
     iso_ns: u64,
@@ -125,7 +126,8 @@ impl<E: Copy> StreamTrack<E> {
             recorded_ns: 0,
             last_end_ns: 0,
             est_ns: INITIAL_LAUNCH_EST_NS,
-            samples: 0,
+            est_sum_ns: 0,
+            est_launches_milli: 0,
             iso_ns: 0,
             iso_at_ns: 0,
             slowdown_milli: 1_000,
@@ -133,16 +135,20 @@ impl<E: Copy> StreamTrack<E> {
         }
     }
 
-    /// Fold a measured per-launch time into the estimates: the mean of the first samples, then
-    /// a moving average over about `EST_WINDOW` of them. Symmetric: an estimate that jumped with
-    /// every large kernel (it used to rise by 3/4 of a sample) made the queue bound hold tiny
-    /// kernels as if each were the large one, starving the GPU (the simulator's mixed training
-    /// step lost 4-7% under a cap of 99; an H100 ran GPT-2 training at 0.86 of its speed).
-    fn learn(&mut self, sample_ns: u64, now: u64) {
-        self.samples = self.samples.saturating_add(1);
-        let n = self.samples.min(EST_WINDOW) as i128;
-        let e = self.est_ns as i128;
-        self.est_ns = (e + (sample_ns as i128 - e) / n).max(1) as u64;
+    /// Fold a measured interval of `launches` launches into the estimates. The per-launch
+    /// estimate weighs every launch alike (interval time over launches, over the last
+    /// `EST_WINDOW` or so intervals): a mean of per-interval averages counted a lone 1.5 ms GEMM
+    /// as much as an interval of fifty 5 us kernels, and the queue bound then let a training
+    /// step queue a handful of launches (an H100 ran GPT-2 training at 39% under a cap of 50,
+    /// 0.51 of its throughput, the budget never binding). Moving both ways alike: rising by 3/4
+    /// of every larger sample, it held tiny kernels as if each were the last large one.
+    fn learn(&mut self, interval_ns: u64, launches: u32, now: u64) {
+        let launches = launches.max(1) as u64;
+        let decay = |x: u64| x - x / EST_WINDOW as u64;
+        self.est_sum_ns = decay(self.est_sum_ns).saturating_add(interval_ns);
+        self.est_launches_milli = decay(self.est_launches_milli).saturating_add(launches * 1000);
+        self.est_ns = (self.est_sum_ns as u128 * 1000 / self.est_launches_milli as u128).max(1) as u64;
+        let sample_ns = interval_ns / launches;
         let sample = sample_ns.max(1);
         if self.iso_ns == 0 || sample <= self.iso_ns {
             self.iso_ns = sample;
@@ -187,6 +193,23 @@ impl<E: Copy> StreamTrack<E> {
     }
 }
 
+/// What a meter did, cumulative (the debug log prints it: how a real program's launches were
+/// measured and why it waited).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterStats {
+    /// Event intervals completed, and how many of them were clipped to their estimate (a batch
+    /// closed after a pause), with the interval time the clips cut.
+    pub batches: u64,
+    pub clipped: u64,
+    pub clipped_ns: u64,
+    /// Launches without an event charged at a synchronize, and the time charged for them.
+    pub closed_at_sync: u64,
+    pub closed_at_sync_ns: u64,
+    /// Gate steps that said wait: for the queue bound, for the budget.
+    pub waits_queue: u64,
+    pub waits_budget: u64,
+}
+
 /// One process's meter and gate for one device.
 pub struct Meter<E: Copy> {
     streams: Vec<StreamTrack<E>>,
@@ -202,11 +225,21 @@ pub struct Meter<E: Copy> {
     /// Keep at most this much estimated GPU time queued, capped or not (a higher-priority
     /// container shares the GPU: `node::LOWER_QUEUE_NS`). `None`: `QUEUE_TARGET_NS` under a cap.
     pub queue_bound_ns: Option<u64>,
+    pub stats: MeterStats,
 }
 
 impl<E: Copy> Default for Meter<E> {
     fn default() -> Self {
-        Meter { streams: Vec::new(), charged_total_ns: 0, launches: 0, polled_ns: 0, contended: false, owner: 1, queue_bound_ns: None }
+        Meter {
+            streams: Vec::new(),
+            charged_total_ns: 0,
+            launches: 0,
+            polled_ns: 0,
+            contended: false,
+            owner: 1,
+            queue_bound_ns: None,
+            stats: MeterStats::default(),
+        }
     }
 }
 
@@ -219,6 +252,11 @@ impl<E: Copy> Meter<E> {
     /// Launches submitted whose completion has not been seen.
     pub fn pending_launches(&self) -> u64 {
         self.streams.iter().map(|s| s.pending_launches + s.unevented as u64).sum()
+    }
+
+    /// The per-launch estimates of the streams with work queued, in microseconds (debug log).
+    pub fn estimates_us(&self) -> Vec<u64> {
+        self.streams.iter().filter(|s| s.pending_launches + s.unevented as u64 > 0).map(|s| s.est_ns / 1000).collect()
     }
 
     /// Estimated GPU time of everything we have queued.
@@ -282,10 +320,16 @@ impl<E: Copy> Meter<E> {
                 let EventState::Done(t) = state else { continue };
                 let start = st.last_end_ns.max(began);
                 let end = t.max(start);
-                let end = head.clip_ns.map_or(end, |c| end.min(start.saturating_add(c)));
+                let clipped = head.clip_ns.map_or(end, |c| end.min(start.saturating_add(c)));
+                self.stats.batches += 1;
+                if clipped < end {
+                    self.stats.clipped += 1;
+                    self.stats.clipped_ns += end - clipped;
+                }
+                let end = clipped;
                 st.last_end_ns = end;
                 if head.clip_ns.is_none() {
-                    st.learn((end - start) / head.launches.max(1) as u64, now);
+                    st.learn(end - start, head.launches, now);
                 }
                 self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now, owner);
             }
@@ -300,7 +344,12 @@ impl<E: Copy> Meter<E> {
         self.poll(evs, bucket, now);
         let owner = self.owner;
         for st in &mut self.streams {
+            let (launches, before) = (st.unevented as u64, st.last_end_ns.max(st.unevented_since_ns));
             self.charged_total_ns += st.close_unevented(bucket, now, owner);
+            if launches > 0 {
+                self.stats.closed_at_sync += launches;
+                self.stats.closed_at_sync_ns += st.last_end_ns.saturating_sub(before);
+            }
         }
     }
 
@@ -327,6 +376,7 @@ impl<E: Copy> Meter<E> {
             queued = self.queued_est_ns();
         }
         if !self.streams[i].pending.is_empty() && queued >= target {
+            self.stats.waits_queue += 1;
             let due = self.streams[i].head_expected_end();
             return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
@@ -338,6 +388,7 @@ impl<E: Copy> Meter<E> {
         // 2. Budget: closed until the debt is repaid, for every thread and process alike.
         let closed = bucket.s.closed_until_ns.load(Relaxed);
         if now < closed {
+            self.stats.waits_budget += 1;
             return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
         bucket.refill(now, cap as u32);
@@ -345,6 +396,7 @@ impl<E: Copy> Meter<E> {
         if balance >= -DEBT_SLEEP_NS {
             return Step::Go;
         }
+        self.stats.waits_budget += 1;
         let until = now + balance.unsigned_abs().saturating_mul(100) / cap;
         bucket.s.closed_until_ns.fetch_max(until, Relaxed);
         Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
@@ -359,6 +411,12 @@ impl<E: Copy> Meter<E> {
             let paused = s.unevented > 0 && now.saturating_sub(s.unevented_last_ns) >= EVENT_SPACING_NS;
             idle || paused
         })
+    }
+
+    /// Is nothing of ours known to be queued on `key` (an event recorded there now completes
+    /// right away, unless another stream's work is ordered before it)?
+    pub fn is_idle(&self, key: StreamKey) -> bool {
+        self.streams.iter().find(|s| s.key == key).is_none_or(|s| s.pending.is_empty() && s.unevented == 0)
     }
 
     /// Does the launch just made on `key` get a timing event after it? At most one per
@@ -487,6 +545,32 @@ mod tests {
     /// A container's shared state for one device, scripted events and a fresh meter.
     fn fixture() -> (SharedDeviceState, BusyMap, Scripted, Meter<u32>) {
         (SharedDeviceState::default(), BusyMap::default(), Scripted::default(), Meter::default())
+    }
+
+    #[test]
+    fn the_launch_estimate_weighs_every_launch_alike() {
+        // A training step: a lone 1.5 ms GEMM, then fifty 5 us kernels in one event interval.
+        let mut st = StreamTrack::<u32>::new(1, T0);
+        for i in 0..40 {
+            st.learn(1_500_000, 1, T0 + i * MS);
+            st.learn(250_000, 50, T0 + i * MS);
+        }
+        let per_launch = 1_750_000 / 51;
+        assert!(
+            st.est_ns.abs_diff(per_launch) * 2 < per_launch,
+            "estimate {} ns for a mean of {per_launch} ns per launch (a mean of interval averages is ~750 us)",
+            st.est_ns
+        );
+        // It follows a change of program phase: up within tens of intervals (launches, not
+        // intervals, are what it averages), down within a few.
+        for i in 0..40 {
+            st.learn(1_000_000, 1, T0 + (50 + i) * MS);
+        }
+        assert!(st.est_ns > 700_000, "up to 1 ms kernels: {}", st.est_ns);
+        for i in 0..12 {
+            st.learn(100_000, 20, T0 + (100 + i) * MS);
+        }
+        assert!(st.est_ns < 50_000, "down to 5 us kernels: {}", st.est_ns);
     }
 
     #[test]

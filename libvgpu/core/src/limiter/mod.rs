@@ -21,11 +21,12 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
 pub mod busy;
 pub mod calibrate;
+pub mod eventclock;
 pub mod meter;
 pub mod tenants;
 
 pub use busy::BusyMap;
-pub use meter::{hold, EventState, Events, Meter, Step, StreamKey};
+pub use meter::{hold, EventState, Events, Meter, MeterStats, Step, StreamKey};
 
 /// Per-device limiter state shared by every process of a container (lives in the region
 /// extension, one per device). All fields are atomics: processes update it without a lock.
