@@ -199,6 +199,14 @@ unsafe fn free_async(dptr: CUdeviceptr, stream: Handle) -> CUresult {
     })
 }
 
+/// `CUDA_MODULE_LOADING=LAZY` (the real driver's default since CUDA 12.2): a module's code is
+/// loaded, and its context grows, at the first launch rather than at the load. The mock grows at
+/// the load unless the variable says LAZY.
+fn lazy_loading() -> bool {
+    static LAZY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LAZY.get_or_init(|| std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.trim().eq_ignore_ascii_case("lazy")))
+}
+
 unsafe fn load_data(module: *mut Handle, image: *const c_void) -> CUresult {
     run(|p, st| {
         p.cur()?;
@@ -206,7 +214,9 @@ unsafe fn load_data(module: *mut Handle, image: *const c_void) -> CUresult {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let m = p.load_module(image_bytes(image)?)?;
-        p.grow_current_ctx(st);
+        if !lazy_loading() {
+            p.grow_current_ctx(st);
+        }
         out(module, h(m))
     })
 }
@@ -215,6 +225,9 @@ unsafe fn launch(f: Handle, grid: [u32; 3], block: [u32; 3], shmem: u32, stream:
     let priced = with_init(|p, st| {
         p.cur()?;
         let n = p.price(st, f as u64, grid, block, shmem, params, extra)?;
+        if lazy_loading() {
+            p.grow_current_ctx(st);
+        }
         let (_, d) = p.stream_dev(stream as u64)?;
         if cooperative && n.blocks > st.device(d).sms as u64 * 32 {
             return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);

@@ -61,8 +61,6 @@ pub const MAX_WAIT_NS: u64 = 20_000_000;
 pub const MIN_WAIT_NS: u64 = 5_000;
 /// Streams remembered per device; idle ones beyond this are forgotten.
 const MAX_STREAMS: usize = 64;
-/// How fast the isolated per-launch estimate may rise (1% per this much wall time).
-pub const ISO_DRIFT_NS: u64 = 100_000_000;
 /// Timing events are recorded at most this often per stream (host time): a framework launching
 /// tens of thousands of kernels a second would pay two event records per launch (an H100 saw
 /// GPT-2 training at 0.73 of its speed under a cap of 99). Launches in between are folded into
@@ -70,6 +68,9 @@ pub const ISO_DRIFT_NS: u64 = 100_000_000;
 pub const EVENT_SPACING_NS: u64 = 100_000;
 /// Launches poll their events at most this often (the queue bound polls when it must).
 pub const POLL_SPACING_NS: u64 = 20_000;
+/// How fast the shortest per-launch time (the solo time of a stream that never ran alone) may
+/// rise: 1% per this much wall time.
+pub const MIN_DRIFT_NS: u64 = 100_000_000;
 /// Slowdowns below this (x1000) are jitter, not contention.
 const SLOWDOWN_DEADBAND_MILLI: u64 = 1_150;
 
@@ -106,11 +107,14 @@ struct StreamTrack<E> {
     est_ns: u64,
     est_sum_ns: u64,
     est_launches_milli: u64,
-    /// Per-launch time while we had the GPU to ourselves (minimum, drifting up), and recent
-    /// per-launch time over it: how much another tenant slows this stream.
-    iso_ns: u64,
-    iso_at_ns: u64,
-    slowdown_milli: u64,
+    /// Per-launch time while we had the GPU to ourselves (sums like the estimate's, learned
+    /// only while alone): the recent estimate over it is how much another tenant slows us.
+    /// Started beside another tenant, the shortest per-launch time seen stands in for it
+    /// (rising 1% per `MIN_DRIFT_NS`, so one odd interval does not stand forever).
+    solo_sum_ns: u64,
+    solo_launches_milli: u64,
+    min_ns: u64,
+    min_at_ns: u64,
     touched_ns: u64,
 }
 
@@ -128,9 +132,10 @@ impl<E: Copy> StreamTrack<E> {
             est_ns: INITIAL_LAUNCH_EST_NS,
             est_sum_ns: 0,
             est_launches_milli: 0,
-            iso_ns: 0,
-            iso_at_ns: 0,
-            slowdown_milli: 1_000,
+            solo_sum_ns: 0,
+            solo_launches_milli: 0,
+            min_ns: 0,
+            min_at_ns: 0,
             touched_ns: now,
         }
     }
@@ -141,33 +146,45 @@ impl<E: Copy> StreamTrack<E> {
     /// as much as an interval of fifty 5 us kernels, and the queue bound then let a training
     /// step queue a handful of launches (an H100 ran GPT-2 training at 39% under a cap of 50,
     /// 0.51 of its throughput, the budget never binding). Moving both ways alike: rising by 3/4
-    /// of every larger sample, it held tiny kernels as if each were the last large one.
-    fn learn(&mut self, interval_ns: u64, launches: u32, now: u64) {
+    /// of every larger sample, it held tiny kernels as if each were the last large one. While
+    /// alone (`contended` false) the same average also teaches the solo per-launch time.
+    fn learn(&mut self, interval_ns: u64, launches: u32, contended: bool, now: u64) {
+        if interval_ns == 0 {
+            return; // collapsed: its event mapped no later than its start; says nothing
+        }
         let launches = launches.max(1) as u64;
+        let per_launch = (interval_ns / launches).max(1);
+        if self.min_ns == 0 || per_launch <= self.min_ns {
+            (self.min_ns, self.min_at_ns) = (per_launch, now);
+        } else if now.saturating_sub(self.min_at_ns) >= MIN_DRIFT_NS {
+            (self.min_ns, self.min_at_ns) = (self.min_ns + self.min_ns / 100 + 1, now);
+        }
         let decay = |x: u64| x - x / EST_WINDOW as u64;
         self.est_sum_ns = decay(self.est_sum_ns).saturating_add(interval_ns);
         self.est_launches_milli = decay(self.est_launches_milli).saturating_add(launches * 1000);
         self.est_ns = (self.est_sum_ns as u128 * 1000 / self.est_launches_milli as u128).max(1) as u64;
-        let sample_ns = interval_ns / launches;
-        let sample = sample_ns.max(1);
-        if self.iso_ns == 0 || sample <= self.iso_ns {
-            self.iso_ns = sample;
-            self.iso_at_ns = now;
-        } else if now.saturating_sub(self.iso_at_ns) >= ISO_DRIFT_NS {
-            self.iso_ns += self.iso_ns / 100 + 1;
-            self.iso_at_ns = now;
+        if !contended {
+            // The solo per-launch time: the same launch-weighted average, only while alone.
+            self.solo_sum_ns = decay(self.solo_sum_ns).saturating_add(interval_ns);
+            self.solo_launches_milli = decay(self.solo_launches_milli).saturating_add(launches * 1000);
         }
-        let ratio = (sample as u128 * 1000 / self.iso_ns as u128).min(100_000) as u64;
-        self.slowdown_milli = (self.slowdown_milli * 3 + ratio) / 4;
     }
 
     /// Share (x1000) of a measured interval our work really had the GPU: all of it, unless
     /// another tenant is known to be active and our launches take longer than alone.
     fn share_milli(&self, contended: bool) -> u64 {
-        if !contended || self.slowdown_milli < SLOWDOWN_DEADBAND_MILLI {
+        if !contended || self.min_ns == 0 {
+            return 1000; // alone, or nothing measured yet: charge it all
+        }
+        let solo = match self.solo_launches_milli {
+            0 => self.min_ns as u128,
+            n => (self.solo_sum_ns as u128 * 1000 / n as u128).max(1),
+        };
+        let slowdown = (self.est_ns as u128 * 1000 / solo).min(100_000) as u64;
+        if slowdown < SLOWDOWN_DEADBAND_MILLI {
             return 1000;
         }
-        (1_000_000 / self.slowdown_milli).clamp(200, 1000)
+        (1_000_000 / slowdown).clamp(200, 1000)
     }
 
     /// Charge the launches without an event at their estimated GPU time from the stream's last
@@ -329,7 +346,7 @@ impl<E: Copy> Meter<E> {
                 let end = clipped;
                 st.last_end_ns = end;
                 if head.clip_ns.is_none() {
-                    st.learn(end - start, head.launches, now);
+                    st.learn(end - start, head.launches, contended, now);
                 }
                 self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now, owner);
             }
@@ -551,9 +568,9 @@ mod tests {
     fn the_launch_estimate_weighs_every_launch_alike() {
         // A training step: a lone 1.5 ms GEMM, then fifty 5 us kernels in one event interval.
         let mut st = StreamTrack::<u32>::new(1, T0);
-        for i in 0..40 {
-            st.learn(1_500_000, 1, T0 + i * MS);
-            st.learn(250_000, 50, T0 + i * MS);
+        for _ in 0..40 {
+            st.learn(1_500_000, 1, false, T0);
+            st.learn(250_000, 50, false, T0);
         }
         let per_launch = 1_750_000 / 51;
         assert!(
@@ -563,14 +580,59 @@ mod tests {
         );
         // It follows a change of program phase: up within tens of intervals (launches, not
         // intervals, are what it averages), down within a few.
-        for i in 0..40 {
-            st.learn(1_000_000, 1, T0 + (50 + i) * MS);
+        for _ in 0..40 {
+            st.learn(1_000_000, 1, false, T0);
         }
         assert!(st.est_ns > 700_000, "up to 1 ms kernels: {}", st.est_ns);
-        for i in 0..12 {
-            st.learn(100_000, 20, T0 + (100 + i) * MS);
+        for _ in 0..12 {
+            st.learn(100_000, 20, false, T0);
         }
         assert!(st.est_ns < 50_000, "down to 5 us kernels: {}", st.est_ns);
+    }
+
+    #[test]
+    fn a_collapsed_interval_does_not_make_later_ones_look_slowed() {
+        // An interval measured as nothing (its event mapped no later than where it had to
+        // start) is no per-launch time: taken as the solo time, it made every later interval
+        // look slowed 1000x, and under contention each was charged a fifth of its length (two
+        // containers capped 30 and 60 on an H100 both ran at 44% of the GPU, neither held).
+        let mut st = StreamTrack::<u32>::new(1, T0);
+        st.learn(0, 1, false, T0);
+        for _ in 1..20 {
+            st.learn(MS, 1, false, T0);
+        }
+        for _ in 20..40 {
+            st.learn(MS, 1, true, T0);
+        }
+        assert_eq!(st.share_milli(true), 1000, "1 ms kernels that take 1 ms are not slowed");
+    }
+
+    #[test]
+    fn the_solo_time_is_learned_only_while_alone() {
+        // Started beside another tenant: no solo time known, nothing is discounted.
+        let mut st = StreamTrack::<u32>::new(1, T0);
+        for _ in 0..20 {
+            st.learn(2 * MS, 1, true, T0);
+        }
+        assert_eq!(st.share_milli(true), 1000);
+        // Alone, 1 ms per launch; then beside a tenant, 2 ms: half of each interval was ours.
+        for _ in 20..40 {
+            st.learn(MS, 1, false, T0);
+        }
+        for _ in 40..60 {
+            st.learn(2 * MS, 1, true, T0);
+        }
+        let share = st.share_milli(true);
+        assert!((450..=550).contains(&share), "share {share}");
+        // A mix of kernels compares like with like: a 5 us kernel after 1 ms ones is not faster.
+        let mut st = StreamTrack::<u32>::new(1, T0);
+        for i in 0..40 {
+            st.learn(if i % 2 == 0 { 5_000 } else { MS }, 1, false, T0);
+        }
+        for i in 40..80 {
+            st.learn(if i % 2 == 0 { 5_000 } else { MS }, 1, true, T0);
+        }
+        assert_eq!(st.share_milli(true), 1000, "the same mix, not slowed");
     }
 
     #[test]
