@@ -12,6 +12,8 @@
  *   --retain       vmm: retain chunk 0's handle from its address, unmap it, then release it
  *   --nodes        graph: explicit cuGraphAddMemAllocNode / cuGraphAddMemFreeNode
  *   --child-cuda   fork-hold: the forked child calls cuInit (and then sleeps)
+ *   --launch       before the case: load the sample kernels, launch one and synchronize (with
+ *                  lazy module loading the context grows at that first launch, not at the load)
  *   --device N     device ordinal (two-dev uses devices 0 and 1)
  *
  * Cases (what the device would hold without a faithful cap):
@@ -47,7 +49,7 @@
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 
-static int opt_pause, opt_retain, opt_nodes, opt_child_cuda;
+static int opt_pause, opt_retain, opt_nodes, opt_child_cuda, opt_launch;
 static uint64_t opt_chunk, opt_size;
 static int opt_count = -1, opt_green;
 static struct gpu g;
@@ -456,6 +458,7 @@ int main(int argc, char **argv)
         {"--retain", OPT_FLAG, &opt_retain, "vmm: also retain a handle from its address and unmap it"},
         {"--nodes", OPT_FLAG, &opt_nodes, "graph: explicit cuGraphAddMemAllocNode/FreeNode instead of capture"},
         {"--child-cuda", OPT_FLAG, &opt_child_cuda, "fork-hold: the child calls cuInit"},
+        {"--launch", OPT_FLAG, &opt_launch, "first load the kernels, launch one and synchronize"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Memory patterns that must stay under the cap (issue 11).");
@@ -468,6 +471,12 @@ int main(int argc, char **argv)
         pthread_sigmask(SIG_BLOCK, &set, NULL);
     }
     gpu_open(&g, strcmp(which, "two-dev") == 0 ? 0 : opt_device);
+    struct kernels lk;
+    if (opt_launch) {
+        kernels_load(&lk);
+        CHECK(launch_empty(&lk, NULL));
+        CHECK(cuCtxSynchronize());
+    }
     int rc;
     if (!strcmp(which, "vmm"))
         rc = case_vmm();
@@ -487,6 +496,8 @@ int main(int argc, char **argv)
         rc = case_vllm();
     else
         die("unknown --case %s", which);
+    if (opt_launch)
+        kernels_unload(&lk);
     out("result=%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;
 }

@@ -125,6 +125,24 @@ fn every_context_is_charged() {
     assert_eq!(at(&checks, "contexts").device[0], 11 * CTX, "primary + 8 + 2 green contexts\n{out}");
 }
 
+/// A context that grows after everything the hook measured (with lazy module loading, the
+/// CUDA 12.2+ default, at its first launch, not at the load) filled a 4 GiB cap on an H100 to
+/// 4104 MiB: the region did not know the growth until the monitor's next NVML readings. An
+/// allocation that comes near the cap now asks NVML first.
+#[test]
+fn growth_the_hook_did_not_see_is_charged_before_the_cap() {
+    let s = Scratch::new("esc-lazy");
+    let mut c = escape(&s, "1g", &["--case", "contexts", "--count", "1", "--chunk", "4m", "--launch"]);
+    c.env("MOCK_GPU_CTX_GROWTH", "20m").env("CUDA_MODULE_LOADING", "LAZY");
+    let (checks, out) = observe(&mut c, &s, 1);
+    for c in &checks {
+        assert!(c.device[0] <= GIB, "{}: the device holds {} MiB over the 1024 MiB cap\n{checks:?}\n{out}", c.name, c.device[0] >> 20);
+    }
+    let filled = at(&checks, "filled");
+    assert_eq!(filled.region[0], filled.device[0], "at the cap the region charges what the device holds\n{checks:?}\n{out}");
+    assert_eq!(value(&out, "stop"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out}");
+}
+
 /// Finding 3: contexts alone cannot push the device over the cap either.
 #[test]
 fn contexts_beyond_the_cap_are_refused() {

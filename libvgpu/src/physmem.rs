@@ -20,6 +20,10 @@
 //!   device is max(live executables' nodes, the graph pool's reserved memory).
 //! * When a cap is hit, the process first trims its own pools and graph memory (unused memory
 //!   only), then the reservation is retried once.
+//! * Near the cap (`policy::context::NEAR_CAP_BYTES`), a reservation first charges what NVML
+//!   shows the device holds for this process beyond its charges (a context's growth the hook
+//!   could not see, such as lazy module loading's at a first launch), so it cannot push the
+//!   device over the cap.
 
 use crate::driver;
 use crate::ffi::*;
@@ -27,6 +31,7 @@ use crate::sys::sig;
 use crate::runtime::{Handle, Phys, Pool, ProcState, Runtime};
 use std::sync::atomic::{AtomicBool, Ordering};
 use vgpu_core::ledger::accounted_size;
+use vgpu_core::policy::context as policy;
 use vgpu_core::region::{MemKind, ReserveError};
 use vgpu_core::MAX_DEVICES;
 
@@ -63,7 +68,7 @@ pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(),
         res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
     }
     match res {
-        Ok(()) => Ok(()),
+        Ok(()) => charge_unseen_growth(ps, dev, bytes, what),
         Err(ReserveError::OverLimit { used, limit, requested }) => {
             vgpu_core::info!(
                 "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
@@ -75,6 +80,29 @@ pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(),
             Err(CUDA_ERROR_OUT_OF_MEMORY)
         }
     }
+}
+
+/// After reserving `bytes` near the cap: charge what NVML shows the device holds for this process
+/// beyond its charges; when that leaves no room for the reservation, give it back (out of memory).
+fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
+    let Some(limit) = ps.region.limit(dev) else { return Ok(()) };
+    if !policy::near_cap(ps.region.device_used(dev), limit) {
+        return Ok(());
+    }
+    let Some(h) = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid)) else { return Ok(()) };
+    let grown = policy::unseen_growth(driver::nvml_process_used(h, ps.pid), ps.region.proc_used(ps.slot, dev), bytes);
+    if grown == 0 {
+        return Ok(());
+    }
+    ps.region.charge(ps.slot, dev, MemKind::Context, grown);
+    vgpu_core::debug!("device {dev}: {grown} bytes the device holds for this process beyond its charges (NVML) charged near the cap");
+    let used = ps.region.device_used(dev);
+    if used > limit {
+        unreserve(ps, dev, bytes);
+        vgpu_core::info!("{what}: {bytes} bytes on device {dev} refused: {} of {limit} bytes already used", used - bytes);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
 }
 
 pub fn unreserve(ps: &ProcState, dev: usize, bytes: u64) {

@@ -46,6 +46,28 @@ pub fn module_charge(own_before: Option<u64>, own_after: Option<u64>, device_bef
 /// module's globals fit; more is more likely another process's allocation).
 pub const MAX_MODULE_GUESS_BYTES: u64 = 256 << 20;
 
+/// Within this much of the cap, an allocation first asks NVML whether the device holds more for
+/// the process than the region charges (a context's growth the hook could not see: lazy module
+/// loading grows a context at its first launch). Larger than any growth seen (19-32 MiB on an
+/// H100), so the growth is charged before the cap can be crossed by it.
+pub const NEAR_CAP_BYTES: u64 = 256 << 20;
+
+/// Is a reservation that brought the container's usage to `used` under `limit` near the cap?
+pub fn near_cap(used: u64, limit: u64) -> bool {
+    limit.saturating_sub(used) < NEAR_CAP_BYTES
+}
+
+/// What the device holds for the process beyond its charges, to charge now: NVML's figure for
+/// the process (`held`) over what the region charges it (`charged`), less `in_flight` (reserved,
+/// not yet allocated: NVML cannot show it yet). Differences under 2 MiB are NVML's rounding.
+pub fn unseen_growth(held: Option<u64>, charged: u64, in_flight: u64) -> u64 {
+    let Some(held) = held else { return 0 };
+    match held.saturating_sub(charged.saturating_sub(in_flight)) {
+        d if d < 2 << 20 => 0,
+        d => d,
+    }
+}
+
 /// What a new context is charged, and from which reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Charge {
@@ -272,5 +294,20 @@ mod tests {
                 prop_assert_eq!(charged - released, if refs > 0 { 100 } else { 0 });
             }
         }
+    }
+
+    #[test]
+    fn growth_nvml_shows_beyond_the_charges_is_charged_near_the_cap() {
+        const MIB: u64 = 1 << 20;
+        assert!(!near_cap(600 * MIB, 1024 * MIB));
+        assert!(near_cap(900 * MIB, 1024 * MIB));
+        assert!(near_cap(1100 * MIB, 1024 * MIB));
+        // The process holds 20 MiB more than charged (the 4 MiB just reserved is not on the
+        // device yet): charge 20.
+        assert_eq!(unseen_growth(Some(1020 * MIB), 1004 * MIB, 4 * MIB), 20 * MIB);
+        // NVML's rounding, an unlisted process, in-flight reservations: nothing.
+        assert_eq!(unseen_growth(Some(1001 * MIB), 1004 * MIB, 4 * MIB), 0);
+        assert_eq!(unseen_growth(None, 1004 * MIB, 4 * MIB), 0);
+        assert_eq!(unseen_growth(Some(500 * MIB), 1004 * MIB, 4 * MIB), 0);
     }
 }
