@@ -394,7 +394,15 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         g.meter.contended = contended;
         g.meter.owner = owner;
         g.meter.queue_bound_ns = crate::node::queue_bound(dev);
-        let step = g.meter.gate(&mut g.events, &bucket, cap, key, now);
+        // Capped containers of our priority take turns (node file): outside ours, wait.
+        let turn = crate::node::turn(dev);
+        g.meter.burst_ns = turn.map_or(vgpu_core::limiter::BURST_NS, |t| t.len_ns as i64);
+        let step = match turn.map_or(0, |t| t.wait_ns(now)) {
+            // Our part of the period is our cap's share of it: the bucket would only cut it short.
+            0 if turn.is_some() => g.meter.gate(&mut g.events, &bucket, Some(99), key, now),
+            0 => g.meter.gate(&mut g.events, &bucket, cap, key, now),
+            w => Step::Wait(w),
+        };
         match step {
             Step::Go => prepared = Some(prepare(g, key, record_on, ctx, now)),
             // About to wait: an event now ends the stream's launches without one where they

@@ -43,6 +43,8 @@ static OTHERS_BUSY: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) 
 static STATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// The pid that decided `STATE` (a forked child decides again).
 static STATE_PID: AtomicU32 = AtomicU32::new(0);
+/// Our part of each turn period on device d (`node::turn`): offset us << 32 | length us; 0 none.
+static TURN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Ticks since the last reap.
 static TICKS: AtomicU64 = AtomicU64::new(0);
 
@@ -75,6 +77,14 @@ pub(crate) fn others_busy(dev: usize) -> Option<bool> {
 /// What this process keeps queued at most on `dev` (a higher-priority container is there).
 pub(crate) fn queue_bound(dev: usize) -> Option<u64> {
     DEFER.get(dev)?.load(Relaxed).then_some(node::LOWER_QUEUE_NS)
+}
+
+/// Our turn on `dev`, while capped containers of our priority take turns there.
+pub(crate) fn turn(dev: usize) -> Option<node::Turn> {
+    match TURN.get(dev)?.load(Relaxed) {
+        0 => None,
+        t => Some(node::Turn { offset_ns: (t >> 32) * 1000, len_ns: (t & 0xFFFF_FFFF) * 1000 }),
+    }
 }
 
 /// Does a higher-priority container have work on `dev` right now? (Launch path, gated only.)
@@ -140,6 +150,7 @@ fn detach(dev: usize) {
     DEFER[dev].store(false, Relaxed);
     ANNOUNCE[dev].store(false, Relaxed);
     OTHERS_BUSY[dev].store(false, Relaxed);
+    TURN[dev].store(0, Relaxed);
     STATE[dev].store(2, Relaxed);
     // The leaked entry keeps its lock until exit; readers ignore it once its heartbeat stops.
     NODES[dev].store(std::ptr::null_mut(), Release);
@@ -215,6 +226,8 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         let container = n.container;
         let p: Peers = node::peers(&slots, container, rt.config.priority, now);
         DEFER[dev].store(p.higher, Relaxed);
+        let turn = node::turn(&slots, container, rt.config.priority, cap, now);
+        TURN[dev].store(turn.map_or(0, |t| (t.offset_ns / 1000) << 32 | (t.len_ns / 1000).max(1)), Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
         OTHERS_BUSY[dev].store(p.others_busy, Relaxed);
         if reap {

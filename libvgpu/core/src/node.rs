@@ -269,6 +269,80 @@ pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
     p
 }
 
+/// Capped containers of one priority that all have work take turns on the GPU within this
+/// period, each for its cap's share of it: side by side, the GPU time-slices their contexts and
+/// every switch costs GPU time (an H100 ran two saturating containers at 44.4% of one's
+/// throughput each, capped 50/50 or 30/60).
+pub const TURN_PERIOD_NS: u64 = 40_000_000;
+/// A container takes part in the turns while it launched this recently.
+pub const TURN_RECENT_NS: u64 = 200_000_000;
+/// Launches run this long after they are made (a kernel or two): a container launches this much
+/// ahead of its part of the period (`Turn::wait_ns`).
+pub const TURN_LEAD_NS: u64 = 2_000_000;
+
+/// Our part of each `TURN_PERIOD_NS` (host CLOCK_MONOTONIC, shared by every container of the
+/// node): from `offset_ns` for `len_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Turn {
+    pub offset_ns: u64,
+    pub len_ns: u64,
+}
+
+impl Turn {
+    /// How long a launch at `now` waits for our part of the period (0: it is ours now). Launches
+    /// go `TURN_LEAD_NS` ahead of the part they run in: ours queue just before it begins (the
+    /// GPU switches as soon as the previous container's last kernel ends) and stop as long
+    /// before it ends (our last kernel ends about when the next container's part begins).
+    pub fn wait_ns(&self, now: u64) -> u64 {
+        let pos = (now + TURN_LEAD_NS) % TURN_PERIOD_NS;
+        let from = self.offset_ns;
+        if pos >= from && pos < from + self.len_ns {
+            return 0;
+        }
+        (from + TURN_PERIOD_NS - pos) % TURN_PERIOD_NS
+    }
+}
+
+/// Our turn, when container `me` (priority `my_priority`, hard cap `my_cap`) shares the GPU with
+/// other live containers of its priority that have a hard cap (1..=99) and launched within
+/// `TURN_RECENT_NS`: ordered by container id, each gets its cap's share of the period, one after
+/// another. `None`: we are not capped, no such other container is there, or the caps add up to
+/// more than 100.
+pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_cap: Option<u32>, now: u64) -> Option<Turn> {
+    let my_cap = my_cap.filter(|c| (1..100).contains(c))?;
+    let mine = my_priority.clamp(0, MAX_PRIORITY);
+    let mut parts: Vec<(u64, u32)> = vec![(me, my_cap)];
+    for s in slots {
+        let Slot::Used(e) = s else { continue };
+        let recent = e.last_launch_ns != 0 && e.last_launch_ns <= now && now - e.last_launch_ns <= TURN_RECENT_NS;
+        if e.container == me || !live(e, now) || priority_of(e) != mine || !(1..100).contains(&e.cap) || !recent {
+            continue;
+        }
+        match parts.iter_mut().find(|p| p.0 == e.container) {
+            Some(p) => p.1 = p.1.max(e.cap),
+            None => parts.push((e.container, e.cap)),
+        }
+    }
+    if parts.len() < 2 {
+        return None;
+    }
+    // Caps adding up past 100 (an overcommitted GPU, or an entry that lies): no turns, or a
+    // liar claiming a large cap would shrink our part below our cap.
+    if parts.iter().map(|p| p.1 as u64).sum::<u64>() > 100 {
+        return None;
+    }
+    parts.sort();
+    let mut offset = 0;
+    for (c, cap) in parts {
+        let len = TURN_PERIOD_NS * cap as u64 / 100;
+        if c == me {
+            return Some(Turn { offset_ns: offset, len_ns: len });
+        }
+        offset += len;
+    }
+    None
+}
+
 /// Until when to declare work: what we have queued (estimated), plus slack, bounded.
 pub fn declare_until(now: u64, queued_est_ns: u64) -> u64 {
     now + queued_est_ns.min(MAX_DECLARE_NS) + DECLARE_SLACK_NS

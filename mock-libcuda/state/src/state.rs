@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, A
 use std::sync::{Mutex, MutexGuard};
 
 pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 #[repr(C)]
 pub struct Header {
@@ -29,6 +29,9 @@ pub struct Header {
     /// How much faster than the host clock the GPU's timer runs, in ppm (negative: slower):
     /// what `cuEventElapsedTime` reports is scaled by it.
     pub timer_ppm: i32,
+    /// GPU time a switch between two processes' kernels costs when their work meets (the GPU
+    /// time-slicing contexts); NVML counts it busy.
+    pub switch_ns: u64,
 }
 
 #[repr(C)]
@@ -363,6 +366,7 @@ impl GpuState {
         h.cc_major = cfg.cc_major;
         h.cc_minor = cfg.cc_minor;
         h.timer_ppm = cfg.timer_ppm;
+        h.switch_ns = cfg.switch_ns;
         std::sync::atomic::fence(SeqCst);
         h.magic = MAGIC;
         map.flush().map_err(|e| e.to_string())?;
@@ -665,6 +669,13 @@ impl GpuState {
         } else {
             (t0.max(lane(0)).max(lane(1)), &[0, 1])
         };
+        // Another process's kernel ran until just before: the GPU switches contexts first.
+        let switch = self.header().switch_ns;
+        let other = lanes.iter().any(|&i| {
+            let o = dev.lane_owner[i].load(Acquire);
+            o != 0 && o != me && lane(i) + switch > start
+        });
+        let (busy_from, start) = if switch > 0 && other { (start, start + switch) } else { (start, start) };
         let end = start + dur_ns;
         for &i in lanes {
             dev.lane_end[i].store(end, Release);
@@ -674,7 +685,7 @@ impl GpuState {
         if let Some(s) = self.my_slot() {
             let sd = self.slot_dev(s, d);
             sd.last_end.fetch_max(end, AcqRel);
-            self.record_nvml_busy(sd, start, end, now);
+            self.record_nvml_busy(sd, busy_from, end, now);
         }
         (start, end)
     }

@@ -242,6 +242,9 @@ pub struct Meter<E: Copy> {
     /// Keep at most this much estimated GPU time queued, capped or not (a higher-priority
     /// container shares the GPU: `node::LOWER_QUEUE_NS`). `None`: `QUEUE_TARGET_NS` under a cap.
     pub queue_bound_ns: Option<u64>,
+    /// How far ahead of its rate the container may save (`Bucket::refill_to`): `BURST_NS`, or
+    /// its part of the period while it takes turns with other containers (`node::Turn`).
+    pub burst_ns: i64,
     pub stats: MeterStats,
 }
 
@@ -255,6 +258,7 @@ impl<E: Copy> Default for Meter<E> {
             contended: false,
             owner: 1,
             queue_bound_ns: None,
+            burst_ns: super::BURST_NS,
             stats: MeterStats::default(),
         }
     }
@@ -408,7 +412,7 @@ impl<E: Copy> Meter<E> {
             self.stats.waits_budget += 1;
             return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
-        bucket.refill(now, cap as u32);
+        bucket.refill_to(now, cap as u32, self.burst_ns);
         let balance = bucket.balance();
         if balance >= -DEBT_SLEEP_NS {
             return Step::Go;

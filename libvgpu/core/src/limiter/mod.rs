@@ -111,6 +111,13 @@ impl Bucket<'_> {
     /// Add `cap`% of the wall time since the last refill, clamped to `BURST_NS`. Refills closer
     /// than `REFILL_MIN_NS` apart are skipped: no shared-line write on every launch.
     pub fn refill(&self, now: u64, cap: u32) {
+        self.refill_to(now, cap, BURST_NS)
+    }
+
+    /// `refill`, clamped to `burst_ns` (at least `BURST_NS`): a container taking turns with
+    /// others saves its share while they run, to spend it in its own part of the period.
+    pub fn refill_to(&self, now: u64, cap: u32, burst_ns: i64) {
+        let burst = burst_ns.max(BURST_NS);
         let last = self.s.refilled_at_ns.load(Relaxed);
         if now <= last || (last != 0 && now - last < REFILL_MIN_NS) {
             return;
@@ -124,8 +131,8 @@ impl Bucket<'_> {
         }
         let add = ((now - last) as u128 * cap as u128 / 100).min(i64::MAX as u128) as i64;
         let prev = self.s.tokens_ns.fetch_add(add, AcqRel);
-        if prev.saturating_add(add) > BURST_NS {
-            self.s.tokens_ns.fetch_min(BURST_NS, AcqRel);
+        if prev.saturating_add(add) > burst {
+            self.s.tokens_ns.fetch_min(burst, AcqRel);
         }
     }
 

@@ -262,3 +262,36 @@ fn claims_are_exclusive_and_dead_owners_are_reaped() {
     assert!(c.claim(T + REAP_NS + 1).is_some());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn capped_containers_of_one_priority_take_turns_by_cap() {
+    let now = T;
+    let capped = |c: u64, cap: u32| Slot::Used(Entry { cap, last_launch_ns: now - MS, ..entry(c, 1) });
+    // Alone, or uncapped ourselves: no turns.
+    assert_eq!(turn(&[], 30, 1, Some(50), now), None);
+    assert_eq!(turn(&[capped(10, 50)], 30, 1, None, now), None);
+    // 50/50: the lower container id first.
+    let slots = [capped(10, 50), capped(30, 50)];
+    assert_eq!(turn(&slots, 10, 1, Some(50), now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&slots, 30, 1, Some(50), now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
+    // 30/60: a tenth of the period is nobody's. Caps adding up past 100: no turns (an entry
+    // claiming cap 99 must not shrink our part below our cap).
+    let t = turn(&[capped(10, 30)], 30, 1, Some(60), now).unwrap();
+    assert_eq!((t.offset_ns, t.len_ns), (TURN_PERIOD_NS * 3 / 10, TURN_PERIOD_NS * 6 / 10));
+    assert_eq!(turn(&[capped(10, 99)], 30, 1, Some(50), now), None);
+    // Not partners: another priority, uncapped, idle for a while, stale, or our own container.
+    let other_prio = Slot::Used(Entry { cap: 50, last_launch_ns: now - MS, ..entry(10, 0) });
+    let uncapped = Slot::Used(Entry { cap: 0, last_launch_ns: now - MS, ..entry(11, 1) });
+    let idle = Slot::Used(Entry { cap: 50, last_launch_ns: now - TURN_RECENT_NS - 1, ..entry(12, 1) });
+    let stale = Slot::Used(Entry { cap: 50, last_launch_ns: now - MS, heartbeat_ns: now - STALE_NS - 1, ..entry(13, 1) });
+    let own = capped(30, 50);
+    assert_eq!(turn(&[other_prio, uncapped, idle, stale, own], 30, 1, Some(50), now), None);
+    // Waiting for our part (launches go TURN_LEAD_NS ahead of it): none inside, up to its start
+    // outside.
+    let t = Turn { offset_ns: 10 * MS, len_ns: 20 * MS };
+    let base = T - T % TURN_PERIOD_NS - TURN_LEAD_NS;
+    assert_eq!(t.wait_ns(base + 15 * MS), 0);
+    assert_eq!(t.wait_ns(base + 10 * MS), 0, "work is queued just before our part");
+    assert_eq!(t.wait_ns(base + 5 * MS), 5 * MS);
+    assert_eq!(t.wait_ns(base + 30 * MS), TURN_PERIOD_NS - 20 * MS, "and stops as long before it ends");
+}
