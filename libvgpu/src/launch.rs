@@ -397,9 +397,9 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         // Capped containers of our priority take turns (node file): outside ours, wait.
         let turn = crate::node::turn(dev);
         g.meter.burst_ns = turn.map_or(vgpu_core::limiter::BURST_NS, |t| t.len_ns as i64);
+        // The bucket saves our share while the others run (up to our part's length), so it
+        // does not cut our part short; work spilling past it still runs into debt.
         let step = match turn.map_or(0, |t| t.wait_ns(now)) {
-            // Our part of the period is our cap's share of it: the bucket would only cut it short.
-            0 if turn.is_some() => g.meter.gate(&mut g.events, &bucket, Some(99), key, now),
             0 => g.meter.gate(&mut g.events, &bucket, cap, key, now),
             w => Step::Wait(w),
         };

@@ -19,7 +19,7 @@
 use crate::driver;
 use crate::ffi::*;
 use crate::sys::sig;
-use crate::physmem::{reserve, unreserve};
+use crate::physmem::{reserve, reserve_existing, unreserve};
 use crate::runtime::{Ledgers, ProcState, Runtime};
 use std::ffi::c_uint;
 use vgpu_core::ledger::{accounted_size, Allocation, Ledger};
@@ -206,7 +206,7 @@ fn settle_pitch(ps: &ProcState, dev: usize, est: u64, real_bytes: u64, key: u64,
     match array::settle_pitch(est, actual) {
         Settle::Keep => {}
         Settle::ReserveMore(more) => {
-            if let Err(e) = reserve(ps, dev, more, "cuMemAllocPitch") {
+            if let Err(e) = reserve_existing(ps, dev, more, "cuMemAllocPitch") {
                 free();
                 unreserve(ps, dev, est);
                 return e;

@@ -165,6 +165,8 @@ fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u
 /// grows after it was measured), from NVML's per-process figure, when NVML can see our process
 /// (host PID known). Over the cap, later allocations are refused: the host stays under it.
 fn follow_growth(ps: &ProcState, dev: usize, handle: Option<usize>, g: &mut Growth) {
+    // Growth an allocation near the cap charged meanwhile is growth like this one's.
+    g.charged += crate::physmem::take_near_cap_growth(dev);
     let Some(h) = handle else { return };
     let held = |pid| crate::driver::nvml_process_used(h as crate::ffi::nvmlDevice_t, pid);
     match policy::follow_growth(g, ps.region.slot_hostpid(ps.slot), held, || ps.region.proc_used(ps.slot, dev)) {

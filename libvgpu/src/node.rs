@@ -169,6 +169,8 @@ fn attach(rt: &Runtime, ps: &ProcState) {
         NODES[dev].store(std::ptr::null_mut(), Release);
         DEFER[dev].store(false, Relaxed);
         ANNOUNCE[dev].store(false, Relaxed);
+        OTHERS_BUSY[dev].store(false, Relaxed);
+        TURN[dev].store(0, Relaxed);
         STATE[dev].store(2, Relaxed);
         let (Some(info), Some(dir)) = (ps.devices.get(dev), dir.as_deref()) else { continue };
         let file = match NodeFile::open(dir, &info.uuid, true) {

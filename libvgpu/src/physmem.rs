@@ -29,7 +29,7 @@ use crate::driver;
 use crate::ffi::*;
 use crate::sys::sig;
 use crate::runtime::{Handle, Phys, Pool, ProcState, Runtime};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vgpu_core::ledger::accounted_size;
 use vgpu_core::policy::context as policy;
 use vgpu_core::region::{MemKind, ReserveError};
@@ -63,12 +63,23 @@ fn adjust(ps: &ProcState, dev: usize, from: u64, to: u64) {
 /// At the cap, this process's pools and graph memory give back what they keep unused first
 /// (`trim_own`), then the reservation is tried once more.
 pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
+    reserve_with(ps, dev, bytes, bytes, what)
+}
+
+/// `reserve` for memory the device already holds (a pitched allocation larger than estimated):
+/// NVML shows it already, so near the cap none of it is in flight.
+pub fn reserve_existing(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
+    reserve_with(ps, dev, bytes, 0, what)
+}
+
+/// `in_flight`: how much of `bytes` the device does not hold yet.
+fn reserve_with(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, what: &str) -> Result<(), CUresult> {
     let mut res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
     if matches!(res, Err(ReserveError::OverLimit { .. })) && trim_own(ps, dev) {
         res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
     }
     match res {
-        Ok(()) => charge_unseen_growth(ps, dev, bytes, what),
+        Ok(()) => charge_unseen_growth(ps, dev, bytes, in_flight, what),
         Err(ReserveError::OverLimit { used, limit, requested }) => {
             vgpu_core::info!(
                 "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
@@ -82,19 +93,49 @@ pub fn reserve(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(),
     }
 }
 
-/// After reserving `bytes` near the cap: charge what NVML shows the device holds for this process
-/// beyond its charges; when that leaves no room for the reservation, give it back (out of memory).
-fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> Result<(), CUresult> {
+/// Growth charged near the cap per device, not yet handed to the monitor's `Growth` (which gives
+/// it back when NVML shows the process holding less): `take_near_cap_growth`.
+static NEAR_CAP_GROWTH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// When NVML was last asked near the cap, per device (one query per `NEAR_CAP_QUERY_NS`).
+static NEAR_CAP_ASKED_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+const NEAR_CAP_QUERY_NS: u64 = 50_000_000;
+/// One near-cap check at a time in this process: two threads must not both charge one growth.
+static NEAR_CAP_CHECK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The growth charged near the cap on `dev` since the last call (the monitor adds it to its
+/// `Growth`, so it is given back like any growth).
+pub fn take_near_cap_growth(dev: usize) -> u64 {
+    NEAR_CAP_GROWTH.get(dev).map_or(0, |g| g.swap(0, Ordering::AcqRel))
+}
+
+/// After reserving `bytes` (`in_flight` of them not on the device yet) near the cap: charge what
+/// NVML shows the device holds for this process
+/// beyond its charges (at most one NVML query per device every 50 ms); when that leaves no room
+/// for the reservation, give it back (out of memory). Only where NVML lists the process (its host
+/// PID known, as for the monitor's growth charge).
+fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, what: &str) -> Result<(), CUresult> {
     let Some(limit) = ps.region.limit(dev) else { return Ok(()) };
-    if !policy::near_cap(ps.region.device_used(dev), limit) {
+    if dev >= MAX_DEVICES || !policy::near_cap(ps.region.device_used(dev), limit) {
         return Ok(());
     }
+    let hostpid = ps.region.slot_hostpid(ps.slot);
+    if hostpid <= 0 {
+        return Ok(());
+    }
+    let Ok(_one) = NEAR_CAP_CHECK.try_lock() else { return Ok(()) }; // another thread is checking
+    let now = vgpu_core::clock::now_ns();
+    if now.saturating_sub(NEAR_CAP_ASKED_NS[dev].load(Ordering::Relaxed)) < NEAR_CAP_QUERY_NS {
+        return Ok(());
+    }
+    NEAR_CAP_ASKED_NS[dev].store(now, Ordering::Relaxed);
     let Some(h) = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid)) else { return Ok(()) };
-    let grown = policy::unseen_growth(driver::nvml_process_used(h, ps.pid), ps.region.proc_used(ps.slot, dev), bytes);
+    let held = driver::nvml_process_used(h, hostpid as u32);
+    let grown = policy::unseen_growth(held, ps.region.proc_used(ps.slot, dev), in_flight);
     if grown == 0 {
         return Ok(());
     }
     ps.region.charge(ps.slot, dev, MemKind::Context, grown);
+    NEAR_CAP_GROWTH[dev].fetch_add(grown, Ordering::AcqRel);
     vgpu_core::debug!("device {dev}: {grown} bytes the device holds for this process beyond its charges (NVML) charged near the cap");
     let used = ps.region.device_used(dev);
     if used > limit {

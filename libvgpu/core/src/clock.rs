@@ -38,7 +38,10 @@ pub fn fast_now_ns() -> u64 {
             }
             // SAFETY: rdtsc has no preconditions on x86-64.
             let t = unsafe { core::arch::x86_64::_rdtsc() };
-            return m0 + ((t.wrapping_sub(t0) as u128 * q as u128) >> 32) as u64;
+            // A TSC read a little behind the calibration point (another CPU's counter) is the
+            // calibration point itself, never a wrap to centuries ahead.
+            let ticks = t.saturating_sub(t0) as u128;
+            return m0.saturating_add(((ticks * q as u128) >> 32).min(u64::MAX as u128) as u64);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -275,7 +275,7 @@ pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
 /// throughput each, capped 50/50 or 30/60).
 pub const TURN_PERIOD_NS: u64 = 40_000_000;
 /// A container takes part in the turns while it launched this recently.
-pub const TURN_RECENT_NS: u64 = 200_000_000;
+pub const TURN_RECENT_NS: u64 = 1_000_000_000;
 /// Launches run this long after they are made (a kernel or two): a container launches this much
 /// ahead of its part of the period (`Turn::wait_ns`).
 pub const TURN_LEAD_NS: u64 = 2_000_000;

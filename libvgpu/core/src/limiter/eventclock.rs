@@ -26,6 +26,10 @@ pub const REANCHOR_NS: u64 = 1_000_000_000;
 pub const IDLE_SLACK_NS: u64 = 10_000;
 /// Window over which the idle-stream events' closest mapping is taken.
 pub const IDLE_WINDOW_NS: u64 = 20_000_000;
+/// Most a window may pull the anchor back: what a timer 1000 ppm fast drifts in a window. An
+/// "idle" stream's event can also wait (time-slicing with another context, the legacy stream
+/// behind other streams, a cross-stream wait): that must not drag the clock back by the wait.
+pub const MAX_PULL_NS: u64 = IDLE_WINDOW_NS / 1000;
 
 /// The host time of one context's anchor event, and what the idle-stream events of the current
 /// window showed.
@@ -65,10 +69,13 @@ impl EventClock {
         if idle {
             self.idle_slack_min_ns = self.idle_slack_min_ns.min(t - lo);
         }
-        if seen_ns.saturating_sub(self.window_start_ns) >= IDLE_WINDOW_NS {
+        if seen_ns < self.window_start_ns {
+            self.window_start_ns = seen_ns; // a clock read from the future: start over
+        }
+        if seen_ns - self.window_start_ns >= IDLE_WINDOW_NS {
             // Every idle-stream event of the window mapped late: the timer runs fast.
             if self.idle_slack_min_ns != u64::MAX && self.idle_slack_min_ns > IDLE_SLACK_NS {
-                self.anchor_ns -= (self.idle_slack_min_ns - IDLE_SLACK_NS).min(self.anchor_ns);
+                self.anchor_ns -= (self.idle_slack_min_ns - IDLE_SLACK_NS).min(MAX_PULL_NS).min(self.anchor_ns);
             }
             self.window_start_ns = seen_ns;
             self.idle_slack_min_ns = u64::MAX;
@@ -150,6 +157,21 @@ mod tests {
         let t = clock.host_time((gpu_ms * 1e6) as i64, T0 + 60_000_000_000, T0 + 60_000_020_000, false);
         assert_eq!(t, T0 + 60_000_000_000);
         assert_eq!(clock.anchor_ns(), T0 + 6_000_000, "the anchor moved by the drift");
+    }
+
+    #[test]
+    fn idle_events_that_wait_do_not_drag_the_clock_back() {
+        // Every "idle" event completes 2 ms after its record (another context has the GPU):
+        // with no drift, the anchor moves back at most MAX_PULL_NS a window, not 2 ms.
+        let mut clock = EventClock::new(T0);
+        let mut recorded = T0;
+        for _ in 0..100 {
+            recorded += 1_000_000;
+            let elapsed = (recorded + 2_000_000 - T0) as i64;
+            clock.host_time(elapsed, recorded, recorded + 2_010_000, true);
+        }
+        let windows = 100 * 1_000_000 / IDLE_WINDOW_NS;
+        assert!(T0 - clock.anchor_ns() <= (windows + 1) * MAX_PULL_NS, "anchor pulled back {} ns", T0 - clock.anchor_ns());
     }
 
     proptest! {

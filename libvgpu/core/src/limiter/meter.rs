@@ -71,6 +71,12 @@ pub const POLL_SPACING_NS: u64 = 20_000;
 /// How fast the shortest per-launch time (the solo time of a stream that never ran alone) may
 /// rise: 1% per this much wall time.
 pub const MIN_DRIFT_NS: u64 = 100_000_000;
+/// Intervals of less than this per launch are measurement artifacts (an event mapped onto its
+/// start), not GPU time: nothing is learned from them.
+pub const MIN_LEARN_NS: u64 = 500;
+/// Least share (x1000) of an interval charged under contention: the solo time a stream compares
+/// with may come from other kernels than today's, so the discount is bounded (2.5x).
+const MIN_SHARE_MILLI: u64 = 400;
 /// Slowdowns below this (x1000) are jitter, not contention.
 const SLOWDOWN_DEADBAND_MILLI: u64 = 1_150;
 
@@ -149,11 +155,11 @@ impl<E: Copy> StreamTrack<E> {
     /// of every larger sample, it held tiny kernels as if each were the last large one. While
     /// alone (`contended` false) the same average also teaches the solo per-launch time.
     fn learn(&mut self, interval_ns: u64, launches: u32, contended: bool, now: u64) {
-        if interval_ns == 0 {
-            return; // collapsed: its event mapped no later than its start; says nothing
-        }
         let launches = launches.max(1) as u64;
-        let per_launch = (interval_ns / launches).max(1);
+        let per_launch = interval_ns / launches;
+        if per_launch < MIN_LEARN_NS {
+            return; // (nearly) collapsed: its event mapped about where it had to start; says nothing
+        }
         if self.min_ns == 0 || per_launch <= self.min_ns {
             (self.min_ns, self.min_at_ns) = (per_launch, now);
         } else if now.saturating_sub(self.min_at_ns) >= MIN_DRIFT_NS {
@@ -184,7 +190,7 @@ impl<E: Copy> StreamTrack<E> {
         if slowdown < SLOWDOWN_DEADBAND_MILLI {
             return 1000;
         }
-        (1_000_000 / slowdown).clamp(200, 1000)
+        (1_000_000 / slowdown).clamp(MIN_SHARE_MILLI, 1000)
     }
 
     /// Charge the launches without an event at their estimated GPU time from the stream's last
@@ -602,6 +608,7 @@ mod tests {
         // containers capped 30 and 60 on an H100 both ran at 44% of the GPU, neither held).
         let mut st = StreamTrack::<u32>::new(1, T0);
         st.learn(0, 1, false, T0);
+        st.learn(10, 50, false, T0); // 0.2 ns a launch: an event mapped onto its start
         for _ in 1..20 {
             st.learn(MS, 1, false, T0);
         }
@@ -637,6 +644,17 @@ mod tests {
             st.learn(if i % 2 == 0 { 5_000 } else { MS }, 1, true, T0);
         }
         assert_eq!(st.share_milli(true), 1000, "the same mix, not slowed");
+        // Alone with 5 us kernels, then 500 us ones beside a tenant: the comparison is between
+        // different kernels, so the discount is bounded (a fifth of the charge let a container
+        // run at five times its cap).
+        let mut st = StreamTrack::<u32>::new(1, T0);
+        for _ in 0..20 {
+            st.learn(5_000, 1, false, T0);
+        }
+        for _ in 0..20 {
+            st.learn(500_000, 1, true, T0);
+        }
+        assert_eq!(st.share_milli(true), MIN_SHARE_MILLI);
     }
 
     #[test]
