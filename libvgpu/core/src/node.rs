@@ -274,8 +274,9 @@ pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
 /// every switch costs GPU time (an H100 ran two saturating containers at 44.4% of one's
 /// throughput each, capped 50/50 or 30/60).
 pub const TURN_PERIOD_NS: u64 = 40_000_000;
-/// A container takes part in the turns while it launched this recently.
-pub const TURN_RECENT_NS: u64 = 1_000_000_000;
+/// A container takes part in the turns while it launched this recently: as long as it counts as
+/// busy for the soft cap (a few monitor ticks, so a late heartbeat does not break the turns).
+pub const TURN_RECENT_NS: u64 = RECENT_NS;
 /// Launches run this long after they are made (a kernel or two): a container launches this much
 /// ahead of its part of the period (`Turn::wait_ns`).
 pub const TURN_LEAD_NS: u64 = 2_000_000;
