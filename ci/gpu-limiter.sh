@@ -120,6 +120,7 @@ s_containers() {
         local ok
         ok=$(awk -v a="$a" -v b="$b" -v ca="$1" -v cb="$2" -v u="$u" 'BEGIN { d1 = a - ca; d2 = b - cb; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2; print (d1 <= 3 && d2 <= 3 && (ca + cb < 100 || u >= 95)) ? "PASS" : "FAIL" }')
         echo "  $ok containers_$1_$2"
+        [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
     done
     unset VGPU_NODE_DIR
 }
@@ -161,6 +162,8 @@ s_train() {
     done
 }
 
+FAILS=0
 for s in "${sections[@]}"; do "s_$s"; done
 [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-limiter-logs.tar.gz" -C "$WORK" . 2>/dev/null
-echo "logs=$WORK"
+echo "logs=$WORK failures=$FAILS"
+[ "$FAILS" -eq 0 ]
