@@ -54,7 +54,7 @@ fi
 cp -r "$root/bench" "$dist/bench"
 rm -rf "$dist/bench/gpu/bin" "$dist"/bench/py/__pycache__
 cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-share.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" \
-    "$root/ci/gpu-tests.sh" "$root/ci/gpu-bench.sh" "$root/ci/gpu-memory.sh" "$root/ci/gpu-region.sh" "$dist/ci/"
+    "$root/ci/gpu-tests.sh" "$root/ci/gpu-bench.sh" "$root/ci/gpu-memory.sh" "$root/ci/gpu-region.sh" "$root/ci/gpu-acceptance.sh" "$dist/ci/"
 # The integration tests that run on a real GPU too (VGPU_TEST_PROFILE=real; see gpu-tests/src/lib.rs).
 if [ $with_lib = 1 ]; then
     mkdir -p "$dist/gpu-tests"
