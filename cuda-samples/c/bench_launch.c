@@ -24,11 +24,9 @@ int main(int argc, char **argv)
         die("need --n >= 1, --runs >= 1, --sync-every >= 0");
 
     struct gpu g;
-    gpu_open(&g, opt_device);
     struct kernels k;
-    kernels_load(&k);
     CUstream s;
-    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    gpu_open_launching(&g, &k, &s, 1);
     double *per = calloc((size_t)runs, sizeof *per);
     for (int run = -1; run < runs; run++) {
         uint64_t t0 = now_ns();

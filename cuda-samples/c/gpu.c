@@ -68,6 +68,15 @@ uint64_t spin_cycles(const struct gpu *g, double us)
     return c < 1.0 ? 1 : (uint64_t)(c + 0.5);
 }
 
+void gpu_open_launching(struct gpu *g, struct kernels *k, CUstream *s, int stream)
+{
+    gpu_open(g, opt_device);
+    kernels_load(k);
+    *s = NULL;
+    if (stream)
+        CHECK(cuStreamCreate(s, CU_STREAM_NON_BLOCKING));
+}
+
 CUresult launch_spin(const struct gpu *g, const struct kernels *k, uint64_t cycles, CUstream s)
 {
     void *args[] = {&cycles};

@@ -30,6 +30,10 @@ struct kernels {
 void kernels_load(struct kernels *k);
 void kernels_unload(struct kernels *k);
 
+/* What the launching samples begin with: gpu_open on --device, kernels_load, and a
+ * non-blocking stream (left NULL when `stream` is 0: the legacy default stream). */
+void gpu_open_launching(struct gpu *g, struct kernels *k, CUstream *s, int stream);
+
 /* Spin length in clock cycles for `us` microseconds at the device's clock rate. */
 uint64_t spin_cycles(const struct gpu *g, double us);
 /* Blocks of the full-GPU spin launch: 4 per SM, 256 threads each. */

@@ -30,11 +30,9 @@ int main(int argc, char **argv)
     stop_on_signals();
 
     struct gpu g;
-    gpu_open(&g, opt_device);
     struct kernels k;
-    kernels_load(&k);
     CUstream s;
-    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    gpu_open_launching(&g, &k, &s, 1);
     uint64_t cycles = spin_cycles(&g, us);
 
     CUgraph graph;

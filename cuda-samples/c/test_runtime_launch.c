@@ -33,12 +33,9 @@ int main(int argc, char **argv)
     stop_on_signals();
 
     struct gpu g;
-    gpu_open(&g, opt_device);
     struct kernels k;
-    kernels_load(&k);
-    CUstream s = NULL;
-    if (!default_stream)
-        CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUstream s;
+    gpu_open_launching(&g, &k, &s, !default_stream);
     uint64_t cycles = spin_cycles(&g, us);
     out("kernel_us=%.1f kernel_cycles=%llu blocks=%d threads=%d sync_every=%d\n", us,
         (unsigned long long)cycles, g.sms * SPIN_BLOCKS_PER_SM, SPIN_THREADS, sync_every);

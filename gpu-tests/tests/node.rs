@@ -125,14 +125,7 @@ fn low_priority_holds_while_the_high_priority_one_works_and_resumes_when_it_goes
 #[serial(mock_gpu_timing)]
 fn two_low_priority_containers_split_what_the_high_one_leaves() {
     // Uncapped rate of one low container alone (1 ms kernels, synchronized each).
-    let base = {
-        let s = Scratch::new("node-base");
-        let mut b = Bg::spawn(saturating(&s, "lo", 1, 1, &[]), "baseline");
-        b.wait_line("second=3 ", Duration::from_secs(10));
-        let r = mean(&b.rates(Instant::now() - Duration::from_millis(2500), Instant::now()), "baseline");
-        b.stop();
-        r
-    };
+    let base = alone_rate(&[]);
     let s = Scratch::new("node-three");
     let cap50 = [("CUDA_DEVICE_SM_LIMIT", "50")];
     let mut a = Bg::spawn(saturating(&s, "a", 1, 1, &cap50), "low a");

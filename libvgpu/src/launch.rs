@@ -443,10 +443,10 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
 /// launch latency is not GPU time). `None`: the context cannot be timed, the launch goes untracked.
 fn prepare(g: &mut DeviceGate, key: StreamKey, record_on: CUstream, ctx: CUcontext, now: u64) -> Option<(usize, Option<Ev>)> {
     let ctx = g.events.ctx_index(ctx)?;
-    let idle = g.meter.is_idle(key);
+    let se = g.meter.start_event(key, now);
     // Also one start event a window on an idle stream, to hold the context's clock mapping.
-    let sync = idle && g.events.ctxs[ctx].clock.wants_idle_event();
-    let start_ev = if sync || g.meter.wants_start_event(key, now) { g.events.record(ctx, record_on, idle) } else { None };
+    let sync = se.idle && g.events.ctxs[ctx].clock.wants_idle_event();
+    let start_ev = if se.wanted || sync { g.events.record(ctx, record_on, se.idle) } else { None };
     Some((ctx, start_ev))
 }
 

@@ -74,12 +74,14 @@ pub fn reserve_existing(ps: &ProcState, dev: usize, bytes: u64, what: &str) -> R
 
 /// `in_flight`: how much of `bytes` the device does not hold yet.
 fn reserve_with(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, what: &str) -> Result<(), CUresult> {
-    let mut res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
+    let mut res = ps.region.try_reserve_used(ps.slot, dev, MemKind::Data, bytes);
     if matches!(res, Err(ReserveError::OverLimit { .. })) && trim_own(ps, dev) {
-        res = ps.region.try_reserve(ps.slot, dev, MemKind::Data, bytes);
+        res = ps.region.try_reserve_used(ps.slot, dev, MemKind::Data, bytes);
     }
     match res {
-        Ok(()) => charge_unseen_growth(ps, dev, bytes, in_flight, what),
+        Ok(None) => Ok(()),
+        Ok(Some((used, limit))) if !policy::near_cap(used, limit) => Ok(()),
+        Ok(Some((_, limit))) => charge_unseen_growth(ps, dev, bytes, in_flight, limit, what),
         Err(ReserveError::OverLimit { used, limit, requested }) => {
             vgpu_core::info!(
                 "{what}: {requested} bytes on device {dev} refused: {used} of {limit} bytes already used"
@@ -108,16 +110,13 @@ pub fn take_near_cap_growth(dev: usize) -> u64 {
     NEAR_CAP_GROWTH.get(dev).map_or(0, |g| g.swap(0, Ordering::AcqRel))
 }
 
-/// After reserving `bytes` (`in_flight` of them not on the device yet) near the cap: charge what
+/// After reserving `bytes` (`in_flight` of them not on the device yet) near the cap `limit`
+/// (`dev` valid: the reservation checked it): charge what
 /// NVML shows the device holds for this process
 /// beyond its charges (at most one NVML query per device every 50 ms); when that leaves no room
 /// for the reservation, give it back (out of memory). Only where NVML lists the process (its host
 /// PID known, as for the monitor's growth charge).
-fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, what: &str) -> Result<(), CUresult> {
-    let Some(limit) = ps.region.limit(dev) else { return Ok(()) };
-    if dev >= MAX_DEVICES || !policy::near_cap(ps.region.device_used(dev), limit) {
-        return Ok(());
-    }
+fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, limit: u64, what: &str) -> Result<(), CUresult> {
     let hostpid = ps.region.slot_hostpid(ps.slot);
     if hostpid <= 0 {
         return Ok(());

@@ -451,7 +451,7 @@ impl DeviceGuard<'_> {
     /// Charge `bytes` to `slot` if the device stays within its cap; reaps dead slots before
     /// refusing.
     pub fn try_reserve(&self, slot: SlotId, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
-        self.r.reserve_checked(slot, self.dev, kind, bytes)
+        self.r.reserve_checked(slot, self.dev, kind, bytes).map(|_| ())
     }
 
     /// Charge unconditionally (usage that already exists, e.g. a measured context), even past
@@ -1279,15 +1279,21 @@ impl Region {
     /// no system call there. A capped one takes the device lock, waiting at most [`LOCK_BOUND`]
     /// for it; without it the reservation is still exact (add-then-check).
     pub fn try_reserve(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
+        self.try_reserve_used(slot, dev, kind, bytes).map(|_| ())
+    }
+
+    /// `try_reserve`, also telling the device's usage and cap after the reservation (`None`
+    /// when the device has no cap): what the reservation's own check summed, not a second sum.
+    pub fn try_reserve_used(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<Option<(u64, u64)>, ReserveError> {
         if dev >= MAX_DEVICES {
             return Err(ReserveError::BadDevice(dev));
         }
         if self.limit(dev).is_none() {
             self.add(slot, dev, kind, bytes);
-            return Ok(());
+            return Ok(None);
         }
         match self.lock_device(dev) {
-            Ok(g) => g.try_reserve(slot, kind, bytes),
+            Ok(g) => g.r.reserve_checked(slot, dev, kind, bytes),
             Err(RegionError::Busy(_)) => self.reserve_checked(slot, dev, kind, bytes),
             Err(e) => Err(ReserveError::Lock(e.to_string())),
         }
@@ -1296,10 +1302,10 @@ impl Region {
     /// Add, then check the sum: of two processes racing for the last bytes at least one sees
     /// both charges (SeqCst fences), so the cap holds with or without the device lock; the lock
     /// only spares racers a needless refusal. Reaps dead slots (without waiting) before refusing.
-    fn reserve_checked(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
+    fn reserve_checked(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<Option<(u64, u64)>, ReserveError> {
         let Some(limit) = self.limit(dev) else {
             self.add(slot, dev, kind, bytes);
-            return Ok(());
+            return Ok(None);
         };
         let mut used = 0;
         for attempt in 0..2 {
@@ -1307,7 +1313,7 @@ impl Region {
             std::sync::atomic::fence(SeqCst);
             let total = self.device_used(dev);
             if total <= limit || !self.owns(slot) {
-                return Ok(());
+                return Ok(Some((total, limit)));
             }
             self.release(slot, dev, kind, bytes);
             used = total.saturating_sub(bytes);

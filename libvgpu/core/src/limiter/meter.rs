@@ -216,6 +216,15 @@ impl<E: Copy> StreamTrack<E> {
     }
 }
 
+/// What `Meter::start_event` found for a launch's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartEvent {
+    /// Record a start event before the launch.
+    pub wanted: bool,
+    /// Nothing of ours is known to be queued on the stream.
+    pub idle: bool,
+}
+
 /// What a meter did, cumulative (the debug log prints it: how a real program's launches were
 /// measured and why it waited).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -432,18 +441,18 @@ impl<E: Copy> Meter<E> {
     /// Does a launch on `key` start an idle stream? Then the glue records a start event before
     /// it: otherwise the launch latency of every isolated kernel would be charged as GPU time.
     pub fn wants_start_event(&self, key: StreamKey, now: u64) -> bool {
-        self.streams.iter().find(|s| s.key == key).is_none_or(|s| {
-            let idle = s.pending.is_empty() && s.unevented == 0 && now.saturating_sub(s.recorded_ns) >= EVENT_SPACING_NS;
-            // Launches without an event, then a pause: the event also closes their interval.
-            let paused = s.unevented > 0 && now.saturating_sub(s.unevented_last_ns) >= EVENT_SPACING_NS;
-            idle || paused
-        })
+        self.start_event(key, now).wanted
     }
 
-    /// Is nothing of ours known to be queued on `key` (an event recorded there now completes
-    /// right away, unless another stream's work is ordered before it)?
-    pub fn is_idle(&self, key: StreamKey) -> bool {
-        self.streams.iter().find(|s| s.key == key).is_none_or(|s| s.pending.is_empty() && s.unevented == 0)
+    /// `wants_start_event`, and whether nothing of ours is known to be queued on `key` (an event
+    /// recorded there now completes right away, unless another stream's work is ordered before
+    /// it: `eventclock`'s idle events), from one look at the stream.
+    pub fn start_event(&self, key: StreamKey, now: u64) -> StartEvent {
+        let Some(s) = self.streams.iter().find(|s| s.key == key) else { return StartEvent { wanted: true, idle: true } };
+        let idle = s.pending.is_empty() && s.unevented == 0;
+        // Launches without an event, then a pause: the event also closes their interval.
+        let paused = s.unevented > 0 && now.saturating_sub(s.unevented_last_ns) >= EVENT_SPACING_NS;
+        StartEvent { wanted: (idle && now.saturating_sub(s.recorded_ns) >= EVENT_SPACING_NS) || paused, idle }
     }
 
     /// Does the launch just made on `key` get a timing event after it? At most one per
