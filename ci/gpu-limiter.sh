@@ -4,7 +4,7 @@
 # with different caps, a run-time cap change through shrreg-tool, PyTorch training under caps.
 # Every share is "kernels (steps)/s under the cap / kernels (steps)/s of one uncapped process".
 # usage: gpu-limiter.sh [section ...]
-#   sections: overhead multiproc containers runtime train (default all)
+#   sections: overhead multiproc containers priorities runtime train (default all)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 S=$DIST/samples
@@ -13,14 +13,14 @@ SECS=${SECS:-6}
 WORK=$(mktemp -d /tmp/gpu-limiter.XXXXXX)
 [ -n "${OUT:-}" ] && exec > >(tee "$OUT/gpu-limiter-summary.txt") 2>&1
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(overhead multiproc containers runtime train)
+[ ${#sections[@]} -eq 0 ] && sections=(overhead multiproc containers priorities runtime train)
 
 # launch NAME REGION CAP ARGS...: test_runtime_launch under the hook in the background.
 launch() {
     local name=$1 region=$2 cap=$3
     shift 3
     env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" \
-        ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} "$S/test_runtime_launch" "$@" >"$WORK/$name.log" 2>&1 &
+        ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} ${PRIO:+CUDA_TASK_PRIORITY=$PRIO} "$S/test_runtime_launch" "$@" >"$WORK/$name.log" 2>&1 &
     PIDS+=($!)
 }
 PIDS=()
@@ -122,6 +122,38 @@ s_containers() {
         echo "  $ok containers_$1_$2"
         [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
     done
+    unset VGPU_NODE_DIR
+}
+
+# busy_pct NAME: percent of wall time test_streams kept kernels launched (its progress lines,
+# GPU ms over CLOCK_MONOTONIC s), from its second second on.
+busy_pct() { awk -F'[= ]' '/^progress / { if (!t0) t0 = $3; if ($3 - t0 >= 1) { if (!t1) { t1 = $3; n1 = $5 } t2 = $3; n2 = $5 } } END { printf "%.1f", (t2 > t1 ? (n2 - n1) / (t2 - t1) / 10 : 0) }' "$WORK/$1.log"; }
+
+s_priorities() {
+    echo "== three containers (issue 14): H priority 0 cap 100, 1 ms kernels with 1.5 ms of CPU between them;"
+    echo "   A and B priority 1, caps 50/50, saturating. Pass: A and B each within 3 points of their mean and"
+    echo "   together at least 80% of what H leaves. Also printed: what H keeps of its solo rate (a kernel of A"
+    echo "   or B already running when H's arrives delays it: no preemption)"
+    baseline
+    mkdir -p "$WORK/vgpulock3"
+    export VGPU_NODE_DIR=$WORK/vgpulock3
+    local h="$S/test_streams --progress --us 1000 --gap-us 1500 --sync-every 1 --seconds $SECS"
+    env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-h-solo" CUDA_TASK_PRIORITY=0 $h >"$WORK/h-solo.log" 2>&1
+    local pid
+    pid=$(util_sampler three)
+    env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-h" CUDA_TASK_PRIORITY=0 $h >"$WORK/h.log" 2>&1 &
+    PIDS+=($!)
+    PRIO=1 launch pa "$WORK/r-pa" 50 --us 1000 --seconds "$SECS"
+    PRIO=1 launch pb "$WORK/r-pb" 50 --us 1000 --seconds "$SECS"
+    waitall
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    local hs hb a b u
+    hs=$(busy_pct h-solo) hb=$(busy_pct h) a=$(pct "$(rate pa)" "$base") b=$(pct "$(rate pb)" "$base") u=$(util_mean three)
+    echo "  H alone $hs% busy, beside A and B $hb%; A $a% ($(windows pa)), B $b% ($(windows pb)); GPU util (nvidia-smi) $u%"
+    local ok
+    ok=$(awk -v a="$a" -v b="$b" -v hb="$hb" 'BEGIN { m = (a + b) / 2; d = a - m; if (d < 0) d = -d; print (d <= 3 && a + b >= 0.8 * (100 - hb)) ? "PASS" : "FAIL" }')
+    echo "  $ok priorities_0_1_1 (H keeps $(awk -v a="$hb" -v b="$hs" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') of its solo rate)"
+    [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
     unset VGPU_NODE_DIR
 }
 
