@@ -143,6 +143,25 @@ fn growth_the_hook_did_not_see_is_charged_before_the_cap() {
     assert_eq!(value(&out, "stop"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out}");
 }
 
+/// An H100 holds about 5.6 MiB per context that NVML's figure for the process does not show
+/// (device-wide used memory grows by 524 MiB for a 518 MiB primary context), and a primary
+/// context's lazy growth stays outside it too: 4 contexts and 2 green ones filled a 4 GiB cap to
+/// 4104 MiB on the host while the region read 4072. A process alone on the device is charged
+/// the device's growth since it came.
+#[test]
+fn memory_the_device_holds_outside_the_process_figure_is_charged() {
+    let s = Scratch::new("esc-hidden");
+    let mut c = escape(&s, "2g", &["--case", "contexts", "--count", "3", "--green", "1", "--chunk", "4m"]);
+    c.env("MOCK_GPU_CTX_HIDDEN", "6m");
+    let (checks, out) = observe(&mut c, &s, 1);
+    for c in &checks {
+        assert!(c.device[0] <= 2 * GIB, "{}: the device holds {} MiB over the 2048 MiB cap\n{checks:?}\n{out}", c.name, c.device[0] >> 20);
+    }
+    let filled = at(&checks, "filled");
+    assert_eq!(filled.region[0], filled.device[0], "at the cap the region charges what the device holds\n{checks:?}\n{out}");
+    assert_eq!(value(&out, "stop"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out}");
+}
+
 /// Finding 3: contexts alone cannot push the device over the cap either.
 #[test]
 fn contexts_beyond_the_cap_are_refused() {

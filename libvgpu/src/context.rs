@@ -51,6 +51,11 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
     let info = ps.device(dev);
     let read = usage_reader(ps, dev);
     let (own_before, before) = read();
+    if own_before.is_none() {
+        // This process's first context on `dev`: the base its holdings are measured from.
+        let procs = info.and_then(|d| driver::nvml_handle_by_uuid(&d.uuid)).and_then(driver::nvml_compute_processes);
+        crate::physmem::note_device_base(dev, procs.map(|p| p.len()), before);
+    }
     let r = create();
     if r != CUDA_SUCCESS {
         return r;

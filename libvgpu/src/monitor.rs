@@ -168,7 +168,7 @@ fn follow_growth(ps: &ProcState, dev: usize, handle: Option<usize>, g: &mut Grow
     // Growth an allocation near the cap charged meanwhile is growth like this one's.
     g.charged += crate::physmem::take_near_cap_growth(dev);
     let Some(h) = handle else { return };
-    let held = |pid| crate::driver::nvml_process_used(h as crate::ffi::nvmlDevice_t, pid);
+    let held = |pid| crate::physmem::held_for_process(dev, h as crate::ffi::nvmlDevice_t, pid);
     match policy::follow_growth(g, ps.region.slot_hostpid(ps.slot), held, || ps.region.proc_used(ps.slot, dev)) {
         Some(Adjust::Charge(b)) => ps.region.charge(ps.slot, dev, MemKind::Context, b),
         Some(Adjust::Release(b)) => ps.region.release(ps.slot, dev, MemKind::Context, b),

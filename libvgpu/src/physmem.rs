@@ -110,12 +110,43 @@ pub fn take_near_cap_growth(dev: usize) -> u64 {
     NEAR_CAP_GROWTH.get(dev).map_or(0, |g| g.swap(0, Ordering::AcqRel))
 }
 
+/// The device's used memory before this process's first context there, while no compute process
+/// was on it (`policy::device_base`), plus one; 0: unknown. Reset in a forked child.
+static DEVICE_BASE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// Before this process's first context on `dev`: remember the device's usage as the base of
+/// `held_for_process` when nobody is on the device yet (`procs`: NVML's compute processes there).
+pub fn note_device_base(dev: usize, procs: Option<usize>, used: Option<u64>) {
+    if let (Some(slot), Some(base)) = (DEVICE_BASE.get(dev), policy::device_base(procs, used)) {
+        let _ = slot.compare_exchange(0, base + 1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// A forked child starts with none of the parent's bases or pending growth.
+pub fn after_fork_child() {
+    for d in 0..MAX_DEVICES {
+        DEVICE_BASE[d].store(0, Ordering::Relaxed);
+        NEAR_CAP_GROWTH[d].store(0, Ordering::Relaxed);
+        NEAR_CAP_ASKED_NS[d].store(0, Ordering::Relaxed);
+    }
+}
+
+/// What device `h` (our `dev`) holds for host process `hostpid`: NVML's figure for it, or the
+/// device's growth since this process came when it is the only process there
+/// (`policy::held_for_process`: a real device keeps memory per context outside the figure).
+pub fn held_for_process(dev: usize, h: crate::ffi::nvmlDevice_t, hostpid: u32) -> Option<u64> {
+    let procs = driver::nvml_compute_processes(h)?;
+    let own = procs.iter().find(|p| p.pid == hostpid).map(|p| p.used_gpu_memory);
+    let base = DEVICE_BASE.get(dev).map(|b| b.load(Ordering::Relaxed)).filter(|&b| b > 0).map(|b| b - 1);
+    let only = procs.len() == 1 && own.is_some();
+    policy::held_for_process(own, if only && base.is_some() { driver::nvml_used(h) } else { None }, base, only)
+}
+
 /// After reserving `bytes` (`in_flight` of them not on the device yet) near the cap `limit`
-/// (`dev` valid: the reservation checked it): charge what
-/// NVML shows the device holds for this process
-/// beyond its charges (at most one NVML query per device every 50 ms); when that leaves no room
-/// for the reservation, give it back (out of memory). Only where NVML lists the process (its host
-/// PID known, as for the monitor's growth charge).
+/// (`dev` valid: the reservation checked it): charge what the device holds for this process
+/// beyond its charges (`held_for_process`; at most one NVML query per device every 50 ms); when
+/// that leaves no room for the reservation, give it back (out of memory). Only where NVML lists
+/// the process (its host PID known, as for the monitor's growth charge).
 fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, limit: u64, what: &str) -> Result<(), CUresult> {
     let hostpid = ps.region.slot_hostpid(ps.slot);
     if hostpid <= 0 {
@@ -128,7 +159,7 @@ fn charge_unseen_growth(ps: &ProcState, dev: usize, bytes: u64, in_flight: u64, 
     }
     NEAR_CAP_ASKED_NS[dev].store(now, Ordering::Relaxed);
     let Some(h) = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid)) else { return Ok(()) };
-    let held = driver::nvml_process_used(h, hostpid as u32);
+    let held = held_for_process(dev, h, hostpid as u32);
     let grown = policy::unseen_growth(held, ps.region.proc_used(ps.slot, dev), in_flight);
     if grown == 0 {
         return Ok(());

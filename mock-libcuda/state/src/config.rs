@@ -21,6 +21,10 @@ pub struct Config {
     /// Device memory a context gains when it first loads a module (an H100's primary context
     /// grows from 518 to 537 MiB after creation); default 0.
     pub ctx_growth: u64,
+    /// Device memory each context makes the device hold outside the process's own NVML figure
+    /// (an H100's device-wide used memory grows ~5.6 MiB more per context than the process's
+    /// `used_gpu_memory`); default 0.
+    pub ctx_hidden: u64,
     /// Duration of one wave of a kernel other than `vgpu_spin`.
     pub kernel_ns: u64,
     /// Busy time NVML counts after each kernel, memset or copy that no timing event sees (on an
@@ -77,6 +81,7 @@ impl Default for Config {
             devices: vec![DeviceConfig { name: "Mock GPU".into(), total_mem: 8 * GIB, sms: 16 }],
             ctx_mem: 300 * MIB,
             ctx_growth: 0,
+            ctx_hidden: 0,
             kernel_ns: 2000,
             nvml_tail_ns: 0,
             clock_khz: 1_000_000,
@@ -135,6 +140,12 @@ impl Config {
             match parse_size(&v) {
                 Ok(m) => c.ctx_growth = m,
                 Err(e) => bad("MOCK_GPU_CTX_GROWTH", &v, e),
+            }
+        }
+        if let Some(v) = get("MOCK_GPU_CTX_HIDDEN") {
+            match parse_size(&v) {
+                Ok(m) => c.ctx_hidden = m,
+                Err(e) => bad("MOCK_GPU_CTX_HIDDEN", &v, e),
             }
         }
         if let Some(v) = get("MOCK_KERNEL_NS") {

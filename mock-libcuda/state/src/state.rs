@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, A
 use std::sync::{Mutex, MutexGuard};
 
 pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 #[repr(C)]
 pub struct Header {
@@ -21,6 +21,7 @@ pub struct Header {
     pub layout_size: u64,
     pub ctx_mem: u64,
     pub ctx_growth: u64,
+    pub ctx_hidden: u64,
     pub kernel_ns: u64,
     pub nvml_tail_ns: u64,
     pub clock_khz: u32,
@@ -66,6 +67,8 @@ pub struct SlotDev {
     /// Device memory charged to this process (contexts included).
     pub used: AtomicU64,
     pub contexts: AtomicU64,
+    /// Device memory held for this process outside its NVML figure (`Config::ctx_hidden`).
+    pub hidden: AtomicU64,
     /// End of this process's last kernel on the device.
     pub last_end: AtomicU64,
     /// End of the busy time NVML counts for it (`last_end` plus the NVML tail).
@@ -360,6 +363,7 @@ impl GpuState {
         h.layout_size = size;
         h.ctx_mem = cfg.ctx_mem;
         h.ctx_growth = cfg.ctx_growth;
+        h.ctx_hidden = cfg.ctx_hidden;
         h.kernel_ns = cfg.kernel_ns;
         h.nvml_tail_ns = cfg.nvml_tail_ns;
         h.clock_khz = cfg.clock_khz;
@@ -466,6 +470,7 @@ impl GpuState {
         for sd in &self.layout().slots[s].dev {
             sd.used.store(0, Relaxed);
             sd.contexts.store(0, Relaxed);
+            sd.hidden.store(0, Relaxed);
             sd.last_end.store(0, Relaxed);
             sd.nvml_end.store(0, Relaxed);
             for b in &sd.ring {
@@ -526,9 +531,16 @@ impl GpuState {
         &self.layout().slots[s].dev[d]
     }
 
-    /// Device memory in use by live processes (contexts included).
+    /// Device memory in use by live processes (contexts included, and what the device holds for
+    /// them outside their own NVML figures).
     pub fn device_used(&self, d: usize) -> u64 {
-        self.live_slots().iter().map(|&(s, _)| self.slot_dev(s, d).used.load(Acquire)).sum()
+        self.live_slots()
+            .iter()
+            .map(|&(s, _)| {
+                let sd = self.slot_dev(s, d);
+                sd.used.load(Acquire) + sd.hidden.load(Acquire)
+            })
+            .sum()
     }
 
     /// Charge `bytes` of device `d` to our slot, atomically with the device-wide capacity check.
@@ -562,10 +574,15 @@ impl GpuState {
         }
     }
 
+    /// A context came (`delta` 1) or went (-1): counted, with the memory the device holds for it
+    /// outside the process's figure (`Config::ctx_hidden`; a few MiB, not checked against the
+    /// device's capacity).
     pub fn add_context(&self, d: usize, delta: i64) {
         if let Some(s) = self.my_slot() {
-            let c = &self.slot_dev(s, d).contexts;
-            let _ = c.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_add_signed(delta)));
+            let sd = self.slot_dev(s, d);
+            let _ = sd.contexts.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_add_signed(delta)));
+            let hidden = self.header().ctx_hidden as i64 * delta;
+            let _ = sd.hidden.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_add_signed(hidden)));
         }
     }
 

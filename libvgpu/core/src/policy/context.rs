@@ -68,6 +68,31 @@ pub fn unseen_growth(held: Option<u64>, charged: u64, in_flight: u64) -> u64 {
     }
 }
 
+/// The device's used memory before this process's first context on it, to measure the process's
+/// holdings against later: only when NVML listed no compute process there (`procs_before`), so
+/// all the growth since is the process's own while it stays the only one.
+pub fn device_base(procs_before: Option<usize>, used_before: Option<u64>) -> Option<u64> {
+    (procs_before == Some(0)).then_some(used_before).flatten()
+}
+
+/// Most a device holds for a process beyond NVML's figure for it that we believe is the
+/// process's (an H100: ~5.6 MiB per context and a primary context's 19 MiB growth). More than
+/// this is someone else's: a process NVML does not list as a compute process.
+pub const MAX_UNLISTED_BYTES: u64 = 256 << 20;
+
+/// What the device holds for the process: NVML's figure for it (`own`), or the device's growth
+/// since `base` (`device_used - base`) when the process is the only one NVML lists there and that
+/// growth is larger by at most `MAX_UNLISTED_BYTES`: a real device keeps memory for every
+/// context outside the process's figure. `None` when NVML does not list the process.
+pub fn held_for_process(own: Option<u64>, device_used: Option<u64>, base: Option<u64>, only_process: bool) -> Option<u64> {
+    let own = own?;
+    let grown = match (device_used, base) {
+        (Some(used), Some(base)) if only_process => used.saturating_sub(base),
+        _ => return Some(own),
+    };
+    Some(if grown > own && grown - own <= MAX_UNLISTED_BYTES { grown } else { own })
+}
+
 /// What a new context is charged, and from which reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Charge {
@@ -299,6 +324,18 @@ mod tests {
     #[test]
     fn growth_nvml_shows_beyond_the_charges_is_charged_near_the_cap() {
         const MIB: u64 = 1 << 20;
+        assert_eq!(device_base(Some(0), Some(483 * MIB)), Some(483 * MIB));
+        assert_eq!(device_base(Some(1), Some(483 * MIB)), None, "another process's memory is in it");
+        assert_eq!(device_base(None, Some(483 * MIB)), None);
+        assert_eq!(device_base(Some(0), None), None);
+        // H100: 518 MiB listed for the process, the device grew 524 since the base.
+        let held = |own, used, only| held_for_process(own, used, Some(483 * MIB), only);
+        assert_eq!(held(Some(518 * MIB), Some(1007 * MIB), true), Some(524 * MIB));
+        assert_eq!(held(Some(518 * MIB), Some(1007 * MIB), false), Some(518 * MIB), "not alone: own figure");
+        assert_eq!(held(Some(518 * MIB), Some(900 * MIB), true), Some(518 * MIB), "never less than NVML lists");
+        assert_eq!(held(Some(518 * MIB), Some(2000 * MIB), true), Some(518 * MIB), "an unlisted process's memory");
+        assert_eq!(held(None, Some(1007 * MIB), true), None);
+        assert_eq!(held_for_process(Some(518 * MIB), Some(1007 * MIB), None, true), Some(518 * MIB));
         assert!(!near_cap(600 * MIB, 1024 * MIB));
         assert!(near_cap(900 * MIB, 1024 * MIB));
         assert!(near_cap(1100 * MIB, 1024 * MIB));
