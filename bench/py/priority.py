@@ -4,7 +4,7 @@ libvgpu. Three runs: the service alone, beside training without priority (both p
 beside training with priority. Pass: p99 with priority within 10% of alone; training keeps at
 least 80% of the GPU time the service leaves idle (its throughput over its solo throughput
 times (1 - the service's alone utilization)).
-usage: priority.py [SECONDS]   (env DIST; OUT: appends a JSON line to $OUT/priority.jsonl)"""
+usage: priority.py [SECONDS]   (env DIST; LIBVGPU: another build of the hook to preload; OUT: appends a JSON line to $OUT/priority.jsonl)"""
 import json
 import os
 import subprocess
@@ -22,7 +22,7 @@ node_dir = tempfile.mkdtemp(prefix="node-")
 
 def env(prio, tag):
     e = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
-    e.update(LD_PRELOAD=f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
+    e.update(LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
              CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=f"prio-{tag}-"), PYTHONUNBUFFERED="1")
     return e
 
