@@ -20,6 +20,17 @@ pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::ne
 /// No other tenant is busy on device d: the soft cap may apply (set by the monitor).
 pub(crate) static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
+/// A forked child has launched nothing and has not looked at the other tenants yet: what the
+/// parent's monitor set goes (the child's monitor sets it again). `GATE` stays: it follows the
+/// configuration, which the child shares, and clearing it would let the child launch uncapped.
+pub(crate) fn after_fork_child() {
+    LAUNCHED.store(false, Relaxed);
+    for d in 0..MAX_DEVICES {
+        CONTENDED[d].store(false, Relaxed);
+        OTHERS_IDLE[d].store(false, Relaxed);
+    }
+}
+
 /// Gate launches when any device has a cap or the container is paused.
 pub(crate) fn refresh_gate(rt: &Runtime, ps: &ProcState) {
     let paused = ps.region.suspended() || low_priority_paused(rt, ps);

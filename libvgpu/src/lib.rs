@@ -5,6 +5,7 @@
 //! * `sys`: the one list of every driver/NVML entry hooked or called, generating typed slots.
 //! * `driver`: safe wrappers over the slots.
 //! * `runtime`: per-process state (config, region, slot, devices, ledgers), lazily initialized.
+//! * `node`: the node-level file (this process's entry per GPU, the other containers' priorities).
 //! * `caps` → `launch` → `monitor`: the compute limiter (lead-owned);
 //!   `physmem` → `memory` → `context`, `meminfo`, `nvml`: the policies the hooks point at.
 //! * `lifecycle`: init, the fork step, starting the monitor.
