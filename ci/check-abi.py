@@ -60,7 +60,7 @@ def declarations(text):
     """name -> list of parameter texts, for every function declared in preprocessed C."""
     out = {}
     flat = re.sub(r"\s+", " ", text)
-    for m in re.finditer(r"\b(?:CUresult|nvmlReturn_t)\s+(\w+)\s*\(([^;{}]*?)\)\s*;", flat):
+    for m in re.finditer(r"\b(?:CUresult|nvmlReturn_t|const\s+char\s*\*)\s*(\w+)\s*\(([^;{}]*?)\)\s*;", flat):
         params = [p.strip() for p in split_top(m.group(2))]
         out[m.group(1)] = [] if params in ([], ["void"]) else params
     return out
@@ -90,6 +90,50 @@ def c_param_type(p):
         return "ptr"
     toks = p.split()
     return " ".join(toks[:-1]) if len(toks) > 1 else toks[0]
+
+
+def c_pointee(p):
+    """(levels, pointee type) of a C pointer parameter (`const unsigned int *pitch` -> (1, 'unsigned
+    int')); None when it is not a pointer. The name, `const` and `restrict` are dropped."""
+    p = re.sub(r"\[\s*\w*\s*\]", "*", p)
+    if "*" not in p:
+        return None
+    levels = p.count("*")
+    base = p[: p.index("*")]
+    toks = [t for t in base.split() if t not in ("const", "volatile", "restrict", "__restrict", "struct", "enum")]
+    return levels, " ".join(toks)
+
+
+def rust_pointee(t):
+    """(levels, pointee type) of a Rust raw pointer type (`*mut *const c_uint` -> (2, 'c_uint'))."""
+    t, levels = t.strip(), 0
+    while t.startswith("*"):
+        t = re.sub(r"^\*\s*(mut|const)\s+", "", t)
+        levels += 1
+    return levels, t.strip()
+
+
+def pointee_mismatch(rt, cp, probe):
+    """Why Rust's `rt` and C's `cp` point at different things, or None. Compared where both sides
+    name a scalar (integer or float: class and size); `void`, opaque handles and structs are not
+    (their layouts are checked on their own below)."""
+    c = c_pointee(cp)
+    if c is None or not rt.strip().startswith("*"):
+        return None
+    (rl, rp), (cl, ctype) = rust_pointee(rt), c
+    if ctype == "void" or rp in ("c_void", "core::ffi::c_void", "std::ffi::c_void"):
+        return None
+    r = rust_class(rp)
+    if r[0] == "unknown" and rp in PRIM:
+        r = ("int", PRIM[rp], False)
+    k = probe.get(ctype)
+    if r[0] not in ("int", "float") or not k or k[0] not in ("int", "float"):
+        return None
+    if rl != cl:
+        return f"`{rt}` is {rl} pointer level(s), the header's `{cp}` {cl}"
+    if r[:2] != k[:2]:
+        return f"`{rt}` points at {r}, the header's `{cp}` at {k}"
+    return None
 
 
 def run_probe(include, headers, body, defines=()):
@@ -413,15 +457,25 @@ def main():
     decls.update(declarations(preprocess(cuda_inc, "cuda.h")))
     ptsz = declarations(preprocess(cuda_inc, "cuda.h", ["CUDA_API_PER_THREAD_DEFAULT_STREAM"]))
     decls.update({k: v for k, v in ptsz.items() if k.endswith(("_ptsz", "_ptds"))})
+    # Versions cuda.h keeps for old binaries only (cuCtxCreate_v2/_v3, cuGraphInstantiate_v2).
+    internal = declarations(preprocess(cuda_inc, "cuda.h", ["__CUDA_API_VERSION_INTERNAL"]))
+    wanted = {name for _, name, _ in hook_table()} | {name for _, name, _ in mock_exports()}
+    decls.update({k: v for k, v in internal.items() if k not in decls and k in wanted})
     headers = ["cuda.h"]
     if nvml_inc:
         decls.update(declarations(preprocess(nvml_inc, "nvml.h")))
+        # The unversioned and _v2 names nvml.h declares only when asked not to upgrade them.
+        old_nvml = declarations(preprocess(nvml_inc, "nvml.h", ["NVML_NO_UNVERSIONED_FUNC_DEFS"]))
+        decls.update({k: v for k, v in old_nvml.items() if k not in decls})
         headers.append("nvml.h")
     else:
         print(f"check-abi: NVML part SKIPPED: cannot fetch nvml.h ({err2})", file=sys.stderr)
     hooked = {name for _, name, _ in hook_table()}
     ctypes = {c_param_type(p) for n, ps in decls.items() if n in hooked for p in ps}
-    probe = classify_c_types(cuda_inc, ["cuda.h"], {t for t in ctypes if not t.startswith("nvml")})
+    ctypes |= {c_pointee(p)[1] for n, ps in decls.items() if n in hooked for p in ps
+               if c_pointee(p) and c_pointee(p)[1] not in ("void", "")}
+    probe = classify_c_types(cuda_inc, ["cuda.h"], {t for t in ctypes if not t.startswith("nvml")},
+                             ["__CUDA_API_VERSION_INTERNAL"])
     if nvml_inc:
         probe.update(classify_c_types(nvml_inc, ["nvml.h"], {t for t in ctypes if t.startswith("nvml")}))
     bad, checked, undeclared = [], 0, []
@@ -455,12 +509,15 @@ def main():
                 bad.append(f"{name} parameter {i}: cannot compare `{rt}` with `{cp}`")
             elif r[:2] != c[:2]:  # class and size make the ABI; enums may differ in signedness only
                 bad.append(f"{name} parameter {i}: `{rt}` is {r}, the header's `{cp}` is {c}")
+            elif (why := pointee_mismatch(rt, cp, probe)):
+                bad.append(f"{name} parameter {i}: {why}")
         checked += 1
     # The mocks' exports restate signatures too (a mock's CUresult is `u32`, cuda.h's an `int` enum:
     # the same ABI class and size, which is what a caller sees).
     nmock = 0
     for f, name, params in mock_exports():
         if name not in decls:
+            bad.append(f"{f}: exports {name}, which no NVIDIA header declares")
             continue
         cparams = decls[name]
         nmock += 1
@@ -478,6 +535,8 @@ def main():
                 r = ("int", PRIM[rt.strip()], False)
             if r[0] == "unknown" or c[0] == "other" or r[:2] != c[:2]:
                 bad.append(f"{f}: {name} parameter {i}: `{rt}` is {r}, the header's `{cp}` is {c}")
+            elif (why := pointee_mismatch(rt, cp, probe)):
+                bad.append(f"{f}: {name} parameter {i}: {why}")
     nstruct = check_structs(cuda_inc, nvml_inc, bad)
     sample_undeclared = []
     nsfun, nsstruct = sample_header(cuda_inc, nvml_inc, decls, probe, bad, sample_undeclared)
@@ -503,6 +562,8 @@ def main():
             for f, ours in consts[k]:
                 if ours != int(v) and ours != int(v) & 0xFFFFFFFF:
                     bad.append(f"{f}: {k} = {ours}, the header says {v}")
+    for name in undeclared:
+        bad.append(f"{name}: hooked or called, but declared nowhere in cuda.h, cudaTypedefs.h or nvml.h")
     print(f"check-abi: cuda.h {CUDA_VERSION}, nvml.h {NVML_VERSION if nvml_inc else 'skipped'}: {checked} "
           f"signatures of sys.rs and {len(known)} constants checked; declared nowhere in the headers: {len(undeclared)} "
           f"{' '.join(undeclared)}")
