@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use vgpu_core::config::UtilPolicy;
 use vgpu_core::limiter::CapPercent;
+use vgpu_core::policy::caps as policy;
 use vgpu_core::MAX_DEVICES;
 
 use crate::runtime::{ProcState, Runtime};
@@ -31,37 +32,28 @@ pub(crate) fn after_fork_child() {
     }
 }
 
-/// Gate launches when any device has a cap or the container is paused.
+/// Gate launches when any device has a cap or the container is paused (`policy::caps::gate_on`).
 pub(crate) fn refresh_gate(rt: &Runtime, ps: &ProcState) {
     let paused = ps.region.suspended() || low_priority_paused(rt, ps);
     let capped = (0..ps.devices.len()).any(|d| effective_cap(rt, ps, d).is_some());
-    GATE.store(paused || capped || crate::node::gating(), Release);
+    GATE.store(policy::gate_on(paused, capped, crate::node::gating()), Release);
 }
 
-/// HAMi's monitor writes `recent_kernel = -1` to tell lower-priority containers to hold launches.
+/// HAMi's priority protocol (`policy::caps::low_priority_paused`) on the region's live value.
 fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
-    ps.region.recent_kernel() < 0 && rt.config.priority > 0
+    policy::low_priority_paused(ps.region.recent_kernel(), rt.config.priority)
 }
 
-/// The share `dev` may use right now. Hard cap from the live region value; the soft cap (if
-/// higher) while no other tenant uses the GPU (the node file's view when there is one, else
-/// NVML's) and HAMi's monitor does not demand the hard cap (`utilization_switch == 1`). `force`
-/// always applies the hard cap; `disable` never caps.
+/// The share `dev` may use right now (`policy::caps::effective_cap`): the live region's caps, the
+/// soft cap allowed while no other tenant uses the GPU (the node file's view when there is one,
+/// else NVML's).
 pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
-    let policy = rt.config.policy;
-    if policy == UtilPolicy::Disable {
-        return None;
+    if rt.config.policy == UtilPolicy::Disable {
+        return None; // without a region read
     }
-    let hard = ps.region.sm_limit(dev).filter(|&p| p > 0 && p < 100)?;
     let soft_allowed = vgpu_core::node::soft_cap_allowed(crate::node::others_busy(dev), OTHERS_IDLE[dev].load(Relaxed));
-    if policy == UtilPolicy::Default && ps.region.utilization_switch() != 1 && soft_allowed {
-        if let Some(soft) = ps.region.soft_sm_limit(dev) {
-            if soft > hard {
-                return (soft < 100).then_some(soft);
-            }
-        }
-    }
-    Some(hard)
+    policy::effective_cap(rt.config.policy, ps.region.sm_limit(dev), ps.region.soft_sm_limit(dev),
+        ps.region.utilization_switch(), soft_allowed)
 }
 
 /// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or

@@ -3,12 +3,14 @@
 //! the region, call these, and write back what they return.
 //!
 //! * [`array`]: bytes of CUDA arrays, mipmapped arrays and pitched allocations.
+//! * [`caps`]: the share a device may use now, the priority pause, whether launches are gated.
 //! * [`context`]: what a context is charged, when a primary context is gone, refusing a context.
 //! * [`meminfo`]: the virtual device `cuMemGetInfo`, `cuDeviceTotalMem` and NVML report.
 //! * [`devmap`]: which container device an NVML device is, and which processes NVML may list.
 //! * [`monitor`]: what the monitor thread publishes from the gate's and NVML's readings.
 
 pub mod array;
+pub mod caps;
 pub mod context;
 pub mod devmap;
 pub mod meminfo;
