@@ -113,10 +113,18 @@ def rust_pointee(t):
     return levels, t.strip()
 
 
-def pointee_mismatch(rt, cp, probe):
-    """Why Rust's `rt` and C's `cp` point at different things, or None. Compared where both sides
-    name a scalar (integer or float: class and size); `void`, opaque handles and structs are not
-    (their layouts are checked on their own below)."""
+# Pointee names the hook spells differently on purpose: (Rust, C) -> why that is the same memory.
+POINTEE_ALIASES = {
+    ("CUmemPoolPropsHead", "CUmemPoolProps"): "the head of CUmemPoolProps_v1, checked as its prefix with the struct layouts",
+    ("nvmlProcessInfo_t", "nvmlProcessInfo_v2_t"): "nvml.h names one struct both ways",
+}
+
+
+def pointee_mismatch(rt, cp, probe, names=False):
+    """Why Rust's `rt` and C's `cp` point at different things, or None. Scalars (integer or float)
+    compare class and size; with `names` (the hook, which uses NVIDIA's type names), a named
+    pointee must carry the header's name (or a `POINTEE_ALIASES` entry). `void` matches anything;
+    the mocks name their own types (their layouts are checked on their own below)."""
     c = c_pointee(cp)
     if c is None or not rt.strip().startswith("*"):
         return None
@@ -128,6 +136,10 @@ def pointee_mismatch(rt, cp, probe):
         r = ("int", PRIM[rp], False)
     k = probe.get(ctype)
     if r[0] not in ("int", "float") or not k or k[0] not in ("int", "float"):
+        if names and re.fullmatch(r"\w+", ctype) and rp != ctype and (rp, ctype) not in POINTEE_ALIASES:
+            return f"`{rt}` points at {rp}, the header's `{cp}` at {ctype}"
+        if names and rl != cl:
+            return f"`{rt}` is {rl} pointer level(s), the header's `{cp}` {cl}"
         return None
     if rl != cl:
         return f"`{rt}` is {rl} pointer level(s), the header's `{cp}` {cl}"
@@ -509,7 +521,7 @@ def main():
                 bad.append(f"{name} parameter {i}: cannot compare `{rt}` with `{cp}`")
             elif r[:2] != c[:2]:  # class and size make the ABI; enums may differ in signedness only
                 bad.append(f"{name} parameter {i}: `{rt}` is {r}, the header's `{cp}` is {c}")
-            elif (why := pointee_mismatch(rt, cp, probe)):
+            elif (why := pointee_mismatch(rt, cp, probe, names=True)):
                 bad.append(f"{name} parameter {i}: {why}")
         checked += 1
     # The mocks' exports restate signatures too (a mock's CUresult is `u32`, cuda.h's an `int` enum:
