@@ -401,6 +401,27 @@ def mock_exports():
     return out
 
 
+def sample_pointee_mismatch(op, cp, hdir, cuda_inc, probe):
+    """Why the samples' pointer parameter `op` and the header's `cp` point at different things, or
+    None: the same pointer levels, and the same pointee name or, for differently named scalars,
+    the same class and size (`void` matches anything)."""
+    po, pc = c_pointee(op), c_pointee(cp)
+    if not po or not pc:
+        return None
+    if po[0] != pc[0]:
+        return f"`{op}` is {po[0]} pointer level(s), the header's `{cp}` {pc[0]}"
+    if po[1] == pc[1] or "void" in (po[1], pc[1]):
+        return None
+    try:
+        ko = classify_c_types(hdir, ["vgpu_cuda.h"], {po[1]}).get(po[1])
+        kc = probe.get(pc[1]) or classify_c_types(cuda_inc, ["cuda.h"], {pc[1]}, ["__CUDA_API_VERSION_INTERNAL"]).get(pc[1])
+    except subprocess.CalledProcessError:
+        ko = kc = None
+    if ko and kc and ko[0] in ("int", "float") and ko[:2] == kc[:2]:
+        return None
+    return f"`{op}` points at {po[1]} {ko}, the header's `{cp}` at {pc[1]} {kc}"
+
+
 def sample_header(cuda_inc, nvml_inc, decls, probe, bad, undeclared):
     """cuda-samples/c/vgpu_cuda.h (a restated subset of cuda.h/nvml.h): its function declarations
     and PFN typedefs against the headers' declarations, its structs' sizes and member offsets
@@ -431,6 +452,8 @@ def sample_header(cuda_inc, nvml_inc, decls, probe, bad, undeclared):
                 c = classify_c_types(cuda_inc, ["cuda.h"], {ct}).get(ct)
             if o is None or c is None or o[:2] != c[:2]:
                 bad.append(f"vgpu_cuda.h: {name} parameter {i}: `{op}` is {o}, the header's `{cp}` is {c}")
+            elif (why := sample_pointee_mismatch(op, cp, hdir, cuda_inc, probe)):
+                bad.append(f"vgpu_cuda.h: {name} parameter {i}: {why}")
     queries = []
     nocomment = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     for m in re.finditer(r"typedef struct \w+\s*\{", nocomment):
