@@ -157,8 +157,11 @@ fn a_killed_high_priority_container_blocks_the_others_for_at_most_a_second() {
     // Low priority: 1 ms requests back to back, each completion printed as it happens.
     let mut low = Bg::spawn(requests(&s, "lo", 1, 1000, 0, 30, &["--print-each"]), "low priority");
     low.wait_line("req=200 ", Duration::from_secs(10));
-    let high = Bg::spawn(saturating(&s, "hi", 0, 1, &[]), "high priority");
-    std::thread::sleep(Duration::from_millis(2500));
+    let mut high = Bg::spawn(saturating(&s, "hi", 0, 1, &[]), "high priority");
+    // Its first second of launches is out (its entry declared busy since its first launch), and
+    // the monitors' 100 ms ticks have passed: the low one is held over the last second from here.
+    high.wait_line("second=", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
     let count = |from: Instant, to: Instant| -> Vec<Instant> { low.times_of("req=", from, to) };
     let t = Instant::now();
     let held = count(t - Duration::from_secs(1), t).len();
