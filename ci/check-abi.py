@@ -120,32 +120,40 @@ POINTEE_ALIASES = {
 }
 
 
+def pointees_differ(ours, theirs, ours_text, cp, names):
+    """Why two pointees differ, or None. Each is (pointer levels, type name, (class, size, signed)
+    or None when unresolved). Scalars (integer or float) compare levels, class and size; with
+    `names`, any other pointee must carry the header's name (or a `POINTEE_ALIASES` entry) at the
+    same levels. `void` matches anything."""
+    (ol, on, ok), (hl, hn, hk) = ours, theirs
+    if "void" in (on, hn):
+        return None
+    scalar = lambda k: k is not None and k[0] in ("int", "float")  # noqa: E731
+    if scalar(ok) and scalar(hk):
+        if ol != hl:
+            return f"`{ours_text}` is {ol} pointer level(s), the header's `{cp}` {hl}"
+        return None if ok[:2] == hk[:2] else f"`{ours_text}` points at {on} {ok}, the header's `{cp}` at {hn} {hk}"
+    if names and on != hn and (on, hn) not in POINTEE_ALIASES:
+        return f"`{ours_text}` points at {on} {ok}, the header's `{cp}` at {hn} {hk}"
+    if names and ol != hl:
+        return f"`{ours_text}` is {ol} pointer level(s), the header's `{cp}` {hl}"
+    return None
+
+
 def pointee_mismatch(rt, cp, probe, names=False):
-    """Why Rust's `rt` and C's `cp` point at different things, or None. Scalars (integer or float)
-    compare class and size; with `names` (the hook, which uses NVIDIA's type names), a named
-    pointee must carry the header's name (or a `POINTEE_ALIASES` entry). `void` matches anything;
-    the mocks name their own types (their layouts are checked on their own below)."""
+    """`pointees_differ` for Rust's `rt` against C's `cp`: with `names` for the hook, which uses
+    NVIDIA's type names; the mocks name their own types (their layouts are checked on their own
+    below), so only their scalar pointees compare."""
     c = c_pointee(cp)
     if c is None or not rt.strip().startswith("*"):
         return None
     (rl, rp), (cl, ctype) = rust_pointee(rt), c
-    if ctype == "void" or rp in ("c_void", "core::ffi::c_void", "std::ffi::c_void"):
-        return None
+    if rp in ("c_void", "core::ffi::c_void", "std::ffi::c_void"):
+        rp = "void"
     r = rust_class(rp)
-    if r[0] == "unknown" and rp in PRIM:
-        r = ("int", PRIM[rp], False)
-    k = probe.get(ctype)
-    if r[0] not in ("int", "float") or not k or k[0] not in ("int", "float"):
-        if names and re.fullmatch(r"\w+", ctype) and rp != ctype and (rp, ctype) not in POINTEE_ALIASES:
-            return f"`{rt}` points at {rp}, the header's `{cp}` at {ctype}"
-        if names and rl != cl:
-            return f"`{rt}` is {rl} pointer level(s), the header's `{cp}` {cl}"
-        return None
-    if rl != cl:
-        return f"`{rt}` is {rl} pointer level(s), the header's `{cp}` {cl}"
-    if r[:2] != k[:2]:
-        return f"`{rt}` points at {r}, the header's `{cp}` at {k}"
-    return None
+    if r[0] == "unknown":
+        r = ("int", PRIM[rp], False) if rp in PRIM else None
+    return pointees_differ((rl, rp, r), (cl, ctype, probe.get(ctype)), rt, cp, names and re.fullmatch(r"\w+", ctype))
 
 
 def run_probe(include, headers, body, defines=()):
@@ -402,24 +410,19 @@ def mock_exports():
 
 
 def sample_pointee_mismatch(op, cp, hdir, cuda_inc, probe):
-    """Why the samples' pointer parameter `op` and the header's `cp` point at different things, or
-    None: the same pointer levels, and the same pointee name or, for differently named scalars,
-    the same class and size (`void` matches anything)."""
+    """`pointees_differ` for the samples' `op` against the header's `cp` (both C, both NVIDIA's
+    names): differently named pointees must be scalars of one class and size."""
     po, pc = c_pointee(op), c_pointee(cp)
     if not po or not pc:
         return None
-    if po[0] != pc[0]:
-        return f"`{op}` is {po[0]} pointer level(s), the header's `{cp}` {pc[0]}"
-    if po[1] == pc[1] or "void" in (po[1], pc[1]):
-        return None
-    try:
-        ko = classify_c_types(hdir, ["vgpu_cuda.h"], {po[1]}).get(po[1])
-        kc = probe.get(pc[1]) or classify_c_types(cuda_inc, ["cuda.h"], {pc[1]}, ["__CUDA_API_VERSION_INTERNAL"]).get(pc[1])
-    except subprocess.CalledProcessError:
-        ko = kc = None
-    if ko and kc and ko[0] in ("int", "float") and ko[:2] == kc[:2]:
-        return None
-    return f"`{op}` points at {po[1]} {ko}, the header's `{cp}` at {pc[1]} {kc}"
+    ko = kc = None
+    if po[1] != pc[1] and "void" not in (po[1], pc[1]):
+        try:
+            ko = classify_c_types(hdir, ["vgpu_cuda.h"], {po[1]}).get(po[1])
+            kc = probe.get(pc[1]) or classify_c_types(cuda_inc, ["cuda.h"], {pc[1]}, ["__CUDA_API_VERSION_INTERNAL"]).get(pc[1])
+        except subprocess.CalledProcessError:
+            pass
+    return pointees_differ((po[0], po[1], ko), (pc[0], pc[1], kc), op, cp, True)
 
 
 def sample_header(cuda_inc, nvml_inc, decls, probe, bad, undeclared):

@@ -15,12 +15,13 @@ WORK=$(mktemp -d /tmp/gpu-limiter.XXXXXX)
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(overhead multiproc containers priorities runtime train)
 
-# launch NAME REGION CAP ARGS...: test_runtime_launch under the hook in the background.
+# launch NAME REGION CAP ARGS...: test_runtime_launch (or $SAMPLE) under the hook in the
+# background ($PRIO: its CUDA_TASK_PRIORITY).
 launch() {
     local name=$1 region=$2 cap=$3
     shift 3
     env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" \
-        ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} ${PRIO:+CUDA_TASK_PRIORITY=$PRIO} "$S/test_runtime_launch" "$@" >"$WORK/$name.log" 2>&1 &
+        ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} ${PRIO:+CUDA_TASK_PRIORITY=$PRIO} "${SAMPLE:-$S/test_runtime_launch}" "$@" >"$WORK/$name.log" 2>&1 &
     PIDS+=($!)
 }
 PIDS=()
@@ -137,12 +138,12 @@ s_priorities() {
     baseline
     mkdir -p "$WORK/vgpulock3"
     export VGPU_NODE_DIR=$WORK/vgpulock3
-    local h="$S/test_streams --progress --us 1000 --gap-us 1500 --sync-every 1 --seconds $SECS"
-    env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-h-solo" CUDA_TASK_PRIORITY=0 $h >"$WORK/h-solo.log" 2>&1
+    local h=(--progress --us 1000 --gap-us 1500 --sync-every 1 --seconds "$SECS")
+    PRIO=0 SAMPLE=$S/test_streams launch h-solo "$WORK/r-h-solo" "" "${h[@]}"
+    waitall
     local pid
     pid=$(util_sampler three)
-    env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-h" CUDA_TASK_PRIORITY=0 $h >"$WORK/h.log" 2>&1 &
-    PIDS+=($!)
+    PRIO=0 SAMPLE=$S/test_streams launch h "$WORK/r-h" "" "${h[@]}"
     PRIO=1 launch pa "$WORK/r-pa" 50 --us 1000 --seconds "$SECS"
     PRIO=1 launch pb "$WORK/r-pb" 50 --us 1000 --seconds "$SECS"
     waitall

@@ -5,7 +5,6 @@
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
 
-use vgpu_core::config::UtilPolicy;
 use vgpu_core::limiter::CapPercent;
 use vgpu_core::policy::caps as policy;
 use vgpu_core::MAX_DEVICES;
@@ -48,12 +47,13 @@ fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
 /// soft cap allowed while no other tenant uses the GPU (the node file's view when there is one,
 /// else NVML's).
 pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
-    if rt.config.policy == UtilPolicy::Disable {
-        return None; // without a region read
-    }
-    let soft_allowed = vgpu_core::node::soft_cap_allowed(crate::node::others_busy(dev), OTHERS_IDLE[dev].load(Relaxed));
-    policy::effective_cap(rt.config.policy, ps.region.sm_limit(dev), ps.region.soft_sm_limit(dev),
-        ps.region.utilization_switch(), soft_allowed)
+    policy::effective_cap(
+        rt.config.policy,
+        || ps.region.sm_limit(dev),
+        || ps.region.utilization_switch(),
+        || vgpu_core::node::soft_cap_allowed(crate::node::others_busy(dev), OTHERS_IDLE[dev].load(Relaxed)),
+        || ps.region.soft_sm_limit(dev),
+    )
 }
 
 /// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or

@@ -50,17 +50,16 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
     };
     let info = ps.device(dev);
     let read = usage_reader(ps, dev);
-    let (own_before, before) = read();
+    let (own_before, before, procs) = read();
     if own_before.is_none() {
         // This process's first context on `dev`: the base its holdings are measured from.
-        let procs = info.and_then(|d| driver::nvml_handle_by_uuid(&d.uuid)).and_then(driver::nvml_compute_processes);
-        crate::physmem::note_device_base(dev, procs.map(|p| p.len()), before);
+        crate::physmem::note_device_base(dev, procs, before);
     }
     let r = create();
     if r != CUDA_SUCCESS {
         return r;
     }
-    let (own_after, after) = read();
+    let (own_after, after, _) = read();
     let default = rt.config.context_reserve(info.map_or(0, |d| d.physical_total));
     // Best source: NVML's per-process figure for this very process, when NVML lists our PID
     // (shared PID namespace: the host PID is ours).
@@ -92,11 +91,16 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
 }
 
 /// Reads, each time it is called, what NVML says this process and device `dev` hold: (this
-/// process's figure when NVML lists our PID, the device's used memory). Read before and after a
-/// context creation or a module load to measure it.
-fn usage_reader(ps: &ProcState, dev: usize) -> impl Fn() -> (Option<u64>, Option<u64>) + '_ {
+/// process's figure when NVML lists our PID, the device's used memory, how many compute processes
+/// NVML lists there), from one process list. Read before and after a context creation or a
+/// module load to measure it.
+fn usage_reader(ps: &ProcState, dev: usize) -> impl Fn() -> (Option<u64>, Option<u64>, Option<usize>) + '_ {
     let nvml = ps.device(dev).and_then(|d| driver::nvml_handle_by_uuid(&d.uuid));
-    move || (nvml.and_then(|h| driver::nvml_process_used(h, ps.pid)), nvml.and_then(driver::nvml_used))
+    move || {
+        let procs = nvml.and_then(driver::nvml_compute_processes);
+        let own = procs.as_deref().and_then(|l| driver::nvml_process_used(l, ps.pid));
+        (own, nvml.and_then(driver::nvml_used), procs.map(|l| l.len()))
+    }
 }
 
 fn charge_unlocked(ps: &ProcState, dev: usize, bytes: u64) {
@@ -274,12 +278,12 @@ fn with_module_charge(rt: &Runtime, module: *mut CUmodule, load: impl FnOnce() -
     let Some(ps) = rt.proc() else { return load() };
     let Some(dev) = driver::current_device().and_then(|d| ps.dev_index(d)) else { return load() };
     let read = usage_reader(ps, dev);
-    let (own_before, before) = read();
+    let (own_before, before, _) = read();
     let r = load();
     if r != CUDA_SUCCESS || module.is_null() {
         return r;
     }
-    let (own_after, after) = read();
+    let (own_after, after, _) = read();
     let bytes = policy::module_charge(own_before, own_after, before, after);
     if bytes > 0 {
         // The memory is held already: charge it (over the cap, later allocations are refused).

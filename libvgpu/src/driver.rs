@@ -359,11 +359,11 @@ pub fn nvml_index(h: nvmlDevice_t) -> Option<u32> {
 }
 
 
-/// Device memory NVML attributes to process `pid` on device `h` (from the real compute process
-/// list); `None` when NVML cannot say or `pid` is not listed (e.g. a container PID namespace:
+/// Device memory NVML attributes to process `pid` in a compute process list
+/// (`nvml_compute_processes`); `None` when `pid` is not listed (e.g. a container PID namespace:
 /// NVML lists host PIDs).
-pub fn nvml_process_used(h: nvmlDevice_t, pid: u32) -> Option<u64> {
-    nvml_compute_processes(h)?.iter().find(|p| p.pid == pid).map(|p| p.used_gpu_memory)
+pub fn nvml_process_used(procs: &[nvmlProcessInfo_t], pid: u32) -> Option<u64> {
+    procs.iter().find(|p| p.pid == pid).map(|p| p.used_gpu_memory)
 }
 
 /// The compute processes host NVML lists on a device (every tenant's), `None` when it cannot say.

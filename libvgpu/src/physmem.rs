@@ -136,7 +136,7 @@ pub fn after_fork_child() {
 /// (`policy::held_for_process`: a real device keeps memory per context outside the figure).
 pub fn held_for_process(dev: usize, h: crate::ffi::nvmlDevice_t, hostpid: u32) -> Option<u64> {
     let procs = driver::nvml_compute_processes(h)?;
-    let own = procs.iter().find(|p| p.pid == hostpid).map(|p| p.used_gpu_memory);
+    let own = driver::nvml_process_used(&procs, hostpid);
     let base = DEVICE_BASE.get(dev).map(|b| b.load(Ordering::Relaxed)).filter(|&b| b > 0).map(|b| b - 1);
     let only = procs.len() == 1 && own.is_some();
     policy::held_for_process(own, if only && base.is_some() { driver::nvml_used(h) } else { None }, base, only)

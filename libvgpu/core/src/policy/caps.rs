@@ -5,16 +5,19 @@
 use crate::config::UtilPolicy;
 
 /// The share a device may use now, `None` for no cap. `hard`: the live region's cap (0 or 100
-/// and above: none). The soft cap, when higher, applies under the default policy while the soft
-/// cap is allowed (no other tenant busy: `soft_allowed`) and HAMi's monitor does not demand the
-/// hard cap (`utilization_switch == 1`). `Force` always applies the hard cap; `Disable` never caps.
-pub fn effective_cap(policy: UtilPolicy, hard: Option<u32>, soft: Option<u32>, utilization_switch: i32, soft_allowed: bool) -> Option<u32> {
+/// and above: none). The soft cap, when higher, applies under the default policy while HAMi's
+/// monitor does not demand the hard cap (`utilization_switch() == 1`) and the soft cap is allowed
+/// (no other tenant busy: `soft_allowed()`). `Force` always applies the hard cap; `Disable` never
+/// caps. The readings are taken only when the decision needs them (this runs on every gated
+/// launch): without a hard cap, under `Force`, or with the switch set, nothing more is read.
+pub fn effective_cap(policy: UtilPolicy, hard: impl FnOnce() -> Option<u32>, utilization_switch: impl FnOnce() -> i32,
+    soft_allowed: impl FnOnce() -> bool, soft: impl FnOnce() -> Option<u32>) -> Option<u32> {
     if policy == UtilPolicy::Disable {
         return None;
     }
-    let hard = hard.filter(|&p| p > 0 && p < 100)?;
-    if policy == UtilPolicy::Default && utilization_switch != 1 && soft_allowed {
-        if let Some(soft) = soft.filter(|&s| s > hard) {
+    let hard = hard().filter(|&p| p > 0 && p < 100)?;
+    if policy == UtilPolicy::Default && utilization_switch() != 1 && soft_allowed() {
+        if let Some(soft) = soft().filter(|&s| s > hard) {
             return (soft < 100).then_some(soft);
         }
     }
@@ -39,18 +42,33 @@ mod tests {
     use proptest::prelude::*;
     use UtilPolicy::*;
 
+    /// `effective_cap` on plain values.
+    fn cap(policy: UtilPolicy, hard: Option<u32>, soft: Option<u32>, switch: i32, allowed: bool) -> Option<u32> {
+        effective_cap(policy, || hard, || switch, || allowed, || soft)
+    }
+
+    #[test]
+    fn nothing_is_read_that_the_decision_does_not_need() {
+        let unread = || -> Option<u32> { panic!("read") };
+        assert_eq!(effective_cap(Disable, unread, || panic!("read"), || panic!("read"), unread), None);
+        assert_eq!(effective_cap(Default, || None, || panic!("read"), || panic!("read"), unread), None);
+        assert_eq!(effective_cap(Force, || Some(30), || panic!("read"), || panic!("read"), unread), Some(30));
+        assert_eq!(effective_cap(Default, || Some(30), || 1, || panic!("read"), unread), Some(30));
+        assert_eq!(effective_cap(Default, || Some(30), || 0, || false, unread), Some(30));
+    }
+
     #[test]
     fn the_hard_cap_unless_the_soft_cap_may_apply() {
-        assert_eq!(effective_cap(Default, Some(30), None, 0, true), Some(30));
-        assert_eq!(effective_cap(Default, Some(30), Some(60), 0, true), Some(60), "nobody else busy: the soft cap");
-        assert_eq!(effective_cap(Default, Some(30), Some(60), 0, false), Some(30), "another tenant busy");
-        assert_eq!(effective_cap(Default, Some(30), Some(60), 1, true), Some(30), "HAMi demands the hard cap");
-        assert_eq!(effective_cap(Default, Some(30), Some(100), 0, true), None, "a soft cap of 100 is no cap");
-        assert_eq!(effective_cap(Default, Some(30), Some(20), 0, true), Some(30), "a lower soft cap is ignored");
-        assert_eq!(effective_cap(Force, Some(30), Some(60), 0, true), Some(30));
-        assert_eq!(effective_cap(Disable, Some(30), Some(60), 0, true), None);
+        assert_eq!(cap(Default, Some(30), None, 0, true), Some(30));
+        assert_eq!(cap(Default, Some(30), Some(60), 0, true), Some(60), "nobody else busy: the soft cap");
+        assert_eq!(cap(Default, Some(30), Some(60), 0, false), Some(30), "another tenant busy");
+        assert_eq!(cap(Default, Some(30), Some(60), 1, true), Some(30), "HAMi demands the hard cap");
+        assert_eq!(cap(Default, Some(30), Some(100), 0, true), None, "a soft cap of 100 is no cap");
+        assert_eq!(cap(Default, Some(30), Some(20), 0, true), Some(30), "a lower soft cap is ignored");
+        assert_eq!(cap(Force, Some(30), Some(60), 0, true), Some(30));
+        assert_eq!(cap(Disable, Some(30), Some(60), 0, true), None);
         for none in [None, Some(0), Some(100), Some(150)] {
-            assert_eq!(effective_cap(Default, none, Some(60), 0, true), None, "{none:?}");
+            assert_eq!(cap(Default, none, Some(60), 0, true), None, "{none:?}");
         }
     }
 
@@ -74,7 +92,7 @@ mod tests {
             hard in proptest::option::of(0u32..200), soft in proptest::option::of(0u32..200),
             switch in -1i32..3, allowed in any::<bool>()) {
             for policy in [Default, Force, Disable] {
-                if let Some(c) = effective_cap(policy, hard, soft, switch, allowed) {
+                if let Some(c) = cap(policy, hard, soft, switch, allowed) {
                     prop_assert!(c > 0 && c < 100);
                     let h = hard.unwrap();
                     prop_assert!(c >= h, "never below the hard cap");
