@@ -6,6 +6,9 @@
 # min(1, cap/u0). Runs from the dist/ tree (ci/package-gpu.sh). Logs: $OUT/share.jsonl.
 # usage: gpu-share.sh [section ...]   sections: threads sync streams repeat random procs torch compile
 #                                     (default: all); env THREADS, STREAMS, TORCH_KINDS narrow threads/streams/torch
+#        gpu-share.sh overlap         not judged: how the kernels of 2 threads / 2 streams sat on the GPU
+#                                     uncapped and at caps 25 and 50 (test_streams --trace, read by
+#                                     bench/py/trace_overlap.py; $LIBVGPU picks the library)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 export DIST
@@ -29,6 +32,19 @@ for sec in "${sections[@]}"; do
     procs) run $PY --name four_procs_threads_2 --procs 4 -- $S/test_streams --progress --seconds 600 --threads 2 --us 1000 ;;
     torch) for k in ${TORCH_KINDS:-matmul gpt2 resnet graph}; do run $PY --name "torch_$k" -- $W $k; done ;;
     compile) run $PY --name torch_compile -- $W compile ;;
+    overlap)
+        for args in "--threads 2" "--threads 2 --sync-by event" "--threads 2 --sync-by query" "--streams 2 --sync-every 0"; do
+            for cap in none 25 50; do
+                log=$(mktemp) region=$(mktemp -u)
+                lim=()
+                [ "$cap" != none ] && lim=(CUDA_DEVICE_SM_LIMIT="$cap")
+                # shellcheck disable=SC2086 # $args is a list of options
+                env LD_PRELOAD="${LIBVGPU:-$DIST/libvgpu.so}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" "${lim[@]}" \
+                    "$S/test_streams" --seconds 4 --us 1000 --trace 12000 $args >"$log" 2>&1
+                echo "overlap args=\"$args\" cap=$cap $(grep -o 'kernels_per_sec=[0-9.]*' "$log") $(python3 "$DIST/bench/py/trace_overlap.py" "$log")"
+                rm -f "$log" "$region"
+            done
+        done ;;
     *) echo "unknown section $sec" >&2; exit 2 ;;
     esac
 done

@@ -53,6 +53,7 @@ void kernels_load(struct kernels *k)
     CHECK(cuModuleGetFunction(&k->empty, k->mod, VGPU_KERNEL_EMPTY));
     CHECK(cuModuleGetFunction(&k->spin, k->mod, VGPU_KERNEL_SPIN));
     CHECK(cuModuleGetFunction(&k->fill_u32, k->mod, VGPU_KERNEL_FILL_U32));
+    CHECK(cuModuleGetFunction(&k->spin_traced, k->mod, VGPU_KERNEL_SPIN_TRACED));
 }
 
 void kernels_unload(struct kernels *k)

@@ -24,7 +24,7 @@ void gpu_close(struct gpu *g);
 
 struct kernels {
     CUmodule mod;
-    CUfunction empty, spin, fill_u32;
+    CUfunction empty, spin, fill_u32, spin_traced;
 };
 /* JIT-loads the PTX (printing the JIT error log on failure) and looks up the kernels. */
 void kernels_load(struct kernels *k);

@@ -7,6 +7,10 @@
  *                                                 `cycles` (the mock reads the parameter as cycles
  *                                                 at the device clock rate)
  *   vgpu_fill_u32(u64 ptr, u64 n, u32 value)      grid-stride loop: ptr[i] = value, i < n
+ *   vgpu_spin_traced(u64 cycles, u64 out)         vgpu_spin, and each block's thread 0 folds
+ *                                                 %globaltimer into out[0] = max(~start) (the
+ *                                                 first block's start) and out[1] = max(end)
+ *                                                 (the last block's end); out starts zeroed
  */
 #ifndef VGPU_KERNELS_PTX_H
 #define VGPU_KERNELS_PTX_H
@@ -14,6 +18,7 @@
 #define VGPU_KERNEL_EMPTY "vgpu_empty"
 #define VGPU_KERNEL_SPIN "vgpu_spin"
 #define VGPU_KERNEL_FILL_U32 "vgpu_fill_u32"
+#define VGPU_KERNEL_SPIN_TRACED "vgpu_spin_traced"
 
 static const char vgpu_kernels_ptx[] =
     ".version 7.0\n"
@@ -74,6 +79,34 @@ static const char vgpu_kernels_ptx[] =
     "    setp.lt.u64 %p2, %rd4, %rd2;\n"
     "    @%p2 bra $Lfill_loop;\n"
     "$Lfill_done:\n"
+    "    ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry vgpu_spin_traced(\n"
+    "    .param .u64 vgpu_spin_traced_cycles,\n"
+    "    .param .u64 vgpu_spin_traced_out\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<3>;\n"
+    "    .reg .b32 %r<2>;\n"
+    "    .reg .b64 %rd<10>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [vgpu_spin_traced_cycles];\n"
+    "    ld.param.u64 %rd5, [vgpu_spin_traced_out];\n"
+    "    cvta.to.global.u64 %rd6, %rd5;\n"
+    "    mov.u32 %r1, %tid.x;\n"
+    "    setp.eq.u32 %p2, %r1, 0;\n"
+    "    mov.u64 %rd7, %globaltimer;\n"
+    "    not.b64 %rd8, %rd7;\n"
+    "    @%p2 atom.global.max.u64 %rd9, [%rd6], %rd8;\n"
+    "    mov.u64 %rd2, %clock64;\n"
+    "$Ltspin_loop:\n"
+    "    mov.u64 %rd3, %clock64;\n"
+    "    sub.s64 %rd4, %rd3, %rd2;\n"
+    "    setp.lt.u64 %p1, %rd4, %rd1;\n"
+    "    @%p1 bra $Ltspin_loop;\n"
+    "    mov.u64 %rd7, %globaltimer;\n"
+    "    @%p2 atom.global.max.u64 %rd9, [%rd6+8], %rd7;\n"
     "    ret;\n"
     "}\n";
 

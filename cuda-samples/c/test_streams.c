@@ -20,6 +20,10 @@
  *                      --bytes) or copy (cuMemcpyDtoDAsync_v2 of --bytes): NVML counts all three
  *   --bytes N          size of a memset or copy (default 64m)
  *   --progress         print `progress t=<CLOCK_MONOTONIC s> n=<GPU ms launched>` every 250 ms
+ *   --trace N          each thread's first N spin kernels record when they ran on the GPU
+ *                      (%globaltimer, first block's start and last block's end; no host or hook
+ *                      involved) and are printed at the end, one line each:
+ *                      `trace thread=T stream=S start_us=A end_us=B` (from the earliest start)
  *
  * Output: the configuration, then at the end total_kernels= gpu_ms= (sum of kernel lengths)
  * elapsed_s= (to the end of the final synchronize) kernels_per_sec= gpu_ms_per_sec=.
@@ -45,6 +49,7 @@ static double gap_us = 0.0;
 static const char *op = "kernel";
 static uint64_t op_bytes = 64 * MIB;
 static uint64_t t_start, t_stop;
+static int trace = 0;
 
 struct worker {
     int id;
@@ -53,6 +58,9 @@ struct worker {
     CUevent ev;
     uint64_t launches, gpu_ns, rng;
     pthread_t th;
+    /* --trace: per launch, (~start, end) in GPU nanoseconds, and the launch's stream index. */
+    CUdeviceptr tr_buf;
+    int *tr_stream;
 };
 
 static void sync_stream(struct worker *w, CUstream s)
@@ -97,6 +105,12 @@ static void *run(void *arg)
             CHECK(cuStreamCreate(&w->s[i], CU_STREAM_NON_BLOCKING));
     }
     CHECK(cuEventCreate(&w->ev, 0x2 /* CU_EVENT_DISABLE_TIMING */));
+    if (trace > 0) {
+        CHECK(cuMemAlloc_v2(&w->tr_buf, (size_t)trace * 16));
+        CHECK(cuMemsetD32_v2(w->tr_buf, 0, (size_t)trace * 4));
+        if (!(w->tr_stream = calloc((size_t)trace, sizeof(int))))
+            die("out of memory for --trace");
+    }
     int is_memset = strcmp(op, "memset") == 0, is_copy = strcmp(op, "copy") == 0;
     if (is_memset || is_copy) {
         CHECK(cuMemAlloc_v2(&w->a, op_bytes));
@@ -113,7 +127,12 @@ static void *run(void *arg)
             CHECK(cuMemsetD32Async(w->a, 0, op_bytes / 4, w->s[i]));
         else if (is_copy)
             CHECK(cuMemcpyDtoDAsync_v2(w->a, w->b, op_bytes, w->s[i]));
-        else
+        else if (w->launches < (uint64_t)trace) {
+            CUdeviceptr slot = w->tr_buf + w->launches * 16;
+            void *targs[] = {&cycles, &slot};
+            w->tr_stream[w->launches] = i;
+            CHECK(cuLaunchKernel(k.spin_traced, nb, 1, 1, SPIN_THREADS, 1, 1, 0, w->s[i], targs, NULL));
+        } else
             CHECK(cuLaunchKernel(k.spin, nb, 1, 1, SPIN_THREADS, 1, 1, 0, w->s[i], args, NULL));
         w->launches++;
         __atomic_store_n(&w->gpu_ns, w->gpu_ns + (uint64_t)(len * 1000.0), __ATOMIC_RELAXED);
@@ -136,6 +155,29 @@ static void *run(void *arg)
     return NULL;
 }
 
+/* The --trace lines, from the earliest recorded start (the mock records nothing: no lines). */
+static void print_trace(struct worker *w)
+{
+    uint64_t *t[MAX_THREADS] = {0}, t0 = UINT64_MAX;
+    for (int i = 0; i < threads && trace > 0; i++) {
+        if (!(t[i] = malloc((size_t)trace * 16)))
+            die("out of memory for --trace");
+        CHECK(cuMemcpyDtoH_v2(t[i], w[i].tr_buf, (size_t)trace * 16));
+        for (uint64_t l = 0; l < w[i].launches && l < (uint64_t)trace; l++)
+            if (t[i][2 * l + 1] && ~t[i][2 * l] < t0)
+                t0 = ~t[i][2 * l];
+    }
+    for (int i = 0; i < threads && trace > 0; i++) {
+        for (uint64_t l = 0; l < w[i].launches && l < (uint64_t)trace; l++)
+            if (t[i][2 * l + 1])
+                out("trace thread=%d stream=%d start_us=%.3f end_us=%.3f\n", i, w[i].tr_stream[l],
+                    (double)(~t[i][2 * l] - t0) / 1e3, (double)(t[i][2 * l + 1] - t0) / 1e3);
+        CHECK(cuMemFree_v2(w[i].tr_buf));
+        free(t[i]);
+        free(w[i].tr_stream);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const struct opt opts[] = {
@@ -151,12 +193,13 @@ int main(int argc, char **argv)
         {"--progress", OPT_FLAG, &progress, "print launched GPU ms every 250 ms"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "host busy-wait after each launch (CPU time between kernels)"},
         {"--op", OPT_STR, &op, "kernel | memset | copy"},
+        {"--trace", OPT_INT, &trace, "record when each thread's first N spin kernels ran on the GPU"},
         {"--bytes", OPT_SIZE, &op_bytes, "size of a memset or copy (default 64m)"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Launch the spin kernel from threads and streams; print the throughput.");
     if (threads < 1 || threads > MAX_THREADS || streams < 1 || streams > MAX_STREAMS || us <= 0 || seconds < 1 ||
-        sync_every < 0)
+        sync_every < 0 || trace < 0)
         die("need 1 <= --threads <= %d, 1 <= --streams <= %d, --us > 0, --seconds >= 1", MAX_THREADS, MAX_STREAMS);
     stop_on_signals();
     gpu_open(&g, opt_device);
@@ -188,6 +231,7 @@ int main(int argc, char **argv)
     }
     CHECK(cuCtxSynchronize());
     double el = (double)(now_ns() - t_start) / 1e9;
+    print_trace(w);
     out("total_kernels=%llu gpu_ms=%.1f elapsed_s=%.3f kernels_per_sec=%.1f gpu_ms_per_sec=%.2f\n",
         (unsigned long long)total, (double)gpu_ns / 1e6, el, (double)total / el, (double)gpu_ns / 1e6 / el);
     kernels_unload(&k);

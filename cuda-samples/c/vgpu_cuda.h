@@ -219,6 +219,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
     X(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
     X(CUresult, cuMemsetD32_v2, (CUdeviceptr dstDevice, unsigned int ui, size_t N)) \
+    X(CUresult, cuMemcpyDtoH_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)) \
     X(CUresult, cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
     X(CUresult, cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)) \
     X(CUresult, cuArrayDestroy, (CUarray hArray)) \
@@ -247,6 +248,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuEventCreate, (CUevent *phEvent, unsigned int Flags)) \
     X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream)) \
     X(CUresult, cuEventSynchronize, (CUevent hEvent)) \
+    X(CUresult, cuEventElapsedTime_v2, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
     X(CUresult, cuEventDestroy_v2, (CUevent hEvent)) \
     X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
     X(CUresult, cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)) \

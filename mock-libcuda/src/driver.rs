@@ -549,7 +549,7 @@ impl Proc {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let h = st.header();
-        let wave_ns = if func.name == "vgpu_spin" {
+        let wave_ns = if func.name.starts_with("vgpu_spin") {
             let cycles = first_param_u64(params, extra).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             (cycles as u128 * 1_000_000 / h.clock_khz.max(1) as u128).min(u64::MAX as u128) as u64
         } else {
