@@ -511,7 +511,7 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                     let m = &g.meter;
                     let s = m.stats;
                     vgpu_core::debug!(
-                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} waits_queue={} waits_budget={} queued_est_us={} pending={} est_us={:?}",
+                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
                         s.batches,
                         s.clipped,
                         s.clipped_ns / 1_000_000,
@@ -519,6 +519,7 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                         s.closed_at_sync_ns / 1_000_000,
                         s.waits_queue,
                         s.waits_budget,
+                        s.beside_queued,
                         m.queued_est_ns() / 1000,
                         m.pending_launches(),
                         m.estimates_us()
