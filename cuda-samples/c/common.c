@@ -293,6 +293,13 @@ void print_median(const char *key, double *v, int n)
         n > 0 ? v[n - 1] : 0.0);
 }
 
+void print_median_ratio(const char *key, double *v, int n)
+{
+    double m = median(v, n);
+    out("%s=%.4f %s_min=%.4f %s_max=%.4f\n", key, m, key, n > 0 ? v[0] : 0.0, key,
+        n > 0 ? v[n - 1] : 0.0);
+}
+
 /* -------------------------------------------------------------- stop flag */
 
 volatile sig_atomic_t stop_requested;

@@ -66,6 +66,8 @@ void sleep_ns(uint64_t ns);
 double median(double *v, int n); /* sorts v */
 /* Prints `KEY=median KEY_min=min KEY_max=max` of n samples (sorts v). */
 void print_median(const char *key, double *v, int n);
+/* The same with four decimals, for ratios. */
+void print_median_ratio(const char *key, double *v, int n);
 
 /* ---- stop flag: set by SIGINT/SIGTERM/SIGUSR1 once stop_on_signals() was called ---- */
 extern volatile sig_atomic_t stop_requested;

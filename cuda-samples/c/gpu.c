@@ -1,6 +1,8 @@
 /* gpu.c: helpers over the linked driver (see gpu.h). */
 #include "gpu.h"
 
+#include <dlfcn.h>
+
 #include <string.h>
 
 #include "kernels_ptx.h"
@@ -83,6 +85,20 @@ CUresult launch_spin(const struct gpu *g, const struct kernels *k, uint64_t cycl
     void *args[] = {&cycles};
     unsigned int blocks = (unsigned int)(g->sms > 0 ? g->sms : 1) * SPIN_BLOCKS_PER_SM;
     return cuLaunchKernel(k->spin, blocks, 1, 1, SPIN_THREADS, 1, 1, 0, s, args, NULL);
+}
+
+void *driver_symbol(const char *name)
+{
+    typedef void *(*dlsym_fn)(void *, const char *);
+    dlsym_fn real = NULL;
+    const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5"};
+    for (unsigned i = 0; i < sizeof versions / sizeof *versions && !real; i++)
+        real = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *p = real && lib ? real(lib, name) : NULL;
+    if (!p)
+        die("driver_symbol: %s not found in libcuda.so.1", name);
+    return p;
 }
 
 CUresult launch_empty(const struct kernels *k, CUstream s)

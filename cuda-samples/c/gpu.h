@@ -34,6 +34,11 @@ void kernels_unload(struct kernels *k);
  * non-blocking stream (left NULL when `stream` is 0: the legacy default stream). */
 void gpu_open_launching(struct gpu *g, struct kernels *k, CUstream *s, int stream);
 
+/* The driver's own entry point `name` (libcuda.so.1's symbol, looked up with glibc's dlsym, which
+ * an LD_PRELOAD hook overriding dlsym does not see): calls through it bypass any hook, for the
+ * in-process hook-on / hook-off comparisons (--ab). Dies when it cannot be found. */
+void *driver_symbol(const char *name);
+
 /* Spin length in clock cycles for `us` microseconds at the device's clock rate. */
 uint64_t spin_cycles(const struct gpu *g, double us);
 /* Blocks of the full-GPU spin launch: 4 per SM, 256 threads each. */
