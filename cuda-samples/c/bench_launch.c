@@ -14,9 +14,30 @@
 
 #include "gpu.h"
 
+typedef CUresult (*launch_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                              unsigned int, unsigned int, CUstream, void **, void **);
+/* Path 0: the exported cuLaunchKernel (an LD_PRELOAD hook's); path 1: the driver's own (--ab). */
+static launch_fn launches[2] = {cuLaunchKernel, NULL};
+static int n = 20000, sync_every = 0;
+static struct kernels k;
+static CUstream s;
+
+static double batch(int which, void *ctx)
+{
+    (void)ctx;
+    uint64_t t0 = now_ns();
+    for (int i = 1; i <= n; i++) {
+        CHECK(launches[which](k.empty, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        if (sync_every && i % sync_every == 0)
+            CHECK(cuStreamSynchronize(s));
+    }
+    CHECK(cuStreamSynchronize(s));
+    return (double)(now_ns() - t0) / n;
+}
+
 int main(int argc, char **argv)
 {
-    int n = 20000, runs = 11, sync_every = 0, ab = 0;
+    int runs = 11, ab = 0;
     const struct opt opts[] = {
         {"--n", OPT_INT, &n, "launches per run (default 20000)"},
         {"--runs", OPT_INT, &runs, "measured runs, median reported (default 11)"},
@@ -29,42 +50,11 @@ int main(int argc, char **argv)
         die("need --n >= 1, --runs >= 1, --sync-every >= 0");
 
     struct gpu g;
-    struct kernels k;
-    CUstream s;
     gpu_open_launching(&g, &k, &s, 1);
-    typedef CUresult (*launch_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
-                                  unsigned int, unsigned int, CUstream, void **, void **);
-    launch_fn launches[2] = {cuLaunchKernel, ab ? (launch_fn)driver_symbol("cuLaunchKernel") : NULL};
-    double *per = calloc((size_t)runs, sizeof *per), *per_d = calloc((size_t)runs, sizeof *per_d);
-    double *ratio = calloc((size_t)runs, sizeof *ratio);
-    for (int run = -1; run < runs; run++) {
-        double t[2] = {0, 0};
-        for (int j = 0; j < (ab ? 2 : 1); j++) {
-            int which = ab ? (j + run + 1) % 2 : 0; /* alternate which path goes first */
-            uint64_t t0 = now_ns();
-            for (int i = 1; i <= n; i++) {
-                CHECK(launches[which](k.empty, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-                if (sync_every && i % sync_every == 0)
-                    CHECK(cuStreamSynchronize(s));
-            }
-            CHECK(cuStreamSynchronize(s));
-            t[which] = (double)(now_ns() - t0) / n;
-        }
-        if (run >= 0) {
-            per[run] = t[0];
-            per_d[run] = t[1];
-            ratio[run] = ab ? t[0] / t[1] : 0;
-        }
-    }
+    if (ab)
+        launches[1] = (launch_fn)driver_symbol("cuLaunchKernel");
     out("n=%d runs=%d sync_every=%d\n", n, runs, sync_every);
-    print_median("launch_ns", per, runs);
-    if (ab) {
-        print_median("launch_driver_ns", per_d, runs);
-        print_median_ratio("ab_ratio", ratio, runs);
-    }
-    free(per);
-    free(per_d);
-    free(ratio);
+    time_runs("launch", runs, ab, batch, NULL);
     CHECK(cuStreamDestroy_v2(s));
     kernels_unload(&k);
     gpu_close(&g);

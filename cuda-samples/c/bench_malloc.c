@@ -13,10 +13,29 @@
 
 #include "gpu.h"
 
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+/* Path 0: the exported entry points (an LD_PRELOAD hook's); path 1: the driver's own (--ab). */
+static alloc_fn allocs[2] = {cuMemAlloc_v2, NULL};
+static free_fn frees[2] = {cuMemFree_v2, NULL};
+static uint64_t size = MIB;
+static int n = 2000;
+
+static double pairs(int which, void *ctx)
+{
+    (void)ctx;
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        CHECK(allocs[which](&p, (size_t)size));
+        CHECK(frees[which](p));
+    }
+    return (double)(now_ns() - t0) / n;
+}
+
 int main(int argc, char **argv)
 {
-    uint64_t size = MIB;
-    int n = 2000, runs = 11, ab = 0;
+    int runs = 11, ab = 0;
     const struct opt opts[] = {
         {"--size", OPT_SIZE, &size, "bytes per allocation (default 1m)"},
         {"--n", OPT_INT, &n, "pairs per run (default 2000)"},
@@ -30,39 +49,12 @@ int main(int argc, char **argv)
 
     struct gpu g;
     gpu_open(&g, opt_device);
-    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
-    typedef CUresult (*free_fn)(CUdeviceptr);
-    alloc_fn allocs[2] = {cuMemAlloc_v2, ab ? (alloc_fn)driver_symbol("cuMemAlloc_v2") : NULL};
-    free_fn frees[2] = {cuMemFree_v2, ab ? (free_fn)driver_symbol("cuMemFree_v2") : NULL};
-    double *per = calloc((size_t)runs, sizeof *per), *per_d = calloc((size_t)runs, sizeof *per_d);
-    double *ratio = calloc((size_t)runs, sizeof *ratio);
-    for (int run = -1; run < runs; run++) {
-        double t[2] = {0, 0};
-        for (int k = 0; k < (ab ? 2 : 1); k++) {
-            int which = ab ? (k + run + 1) % 2 : 0; /* alternate which path goes first */
-            uint64_t t0 = now_ns();
-            for (int i = 0; i < n; i++) {
-                CUdeviceptr p;
-                CHECK(allocs[which](&p, (size_t)size));
-                CHECK(frees[which](p));
-            }
-            t[which] = (double)(now_ns() - t0) / n;
-        }
-        if (run >= 0) {
-            per[run] = t[0];
-            per_d[run] = t[1];
-            ratio[run] = ab ? t[0] / t[1] : 0;
-        }
+    if (ab) {
+        allocs[1] = (alloc_fn)driver_symbol("cuMemAlloc_v2");
+        frees[1] = (free_fn)driver_symbol("cuMemFree_v2");
     }
     out("size_bytes=%llu n=%d runs=%d\n", (unsigned long long)size, n, runs);
-    print_median("malloc_free_ns", per, runs);
-    if (ab) {
-        print_median("malloc_free_driver_ns", per_d, runs);
-        print_median_ratio("ab_ratio", ratio, runs);
-    }
-    free(per);
-    free(per_d);
-    free(ratio);
+    time_runs("malloc_free", runs, ab, pairs, NULL);
     gpu_close(&g);
     return 0;
 }

@@ -293,11 +293,36 @@ void print_median(const char *key, double *v, int n)
         n > 0 ? v[n - 1] : 0.0);
 }
 
-void print_median_ratio(const char *key, double *v, int n)
+void time_runs(const char *key, int runs, int ab, double (*run_once)(int which, void *ctx), void *ctx)
 {
-    double m = median(v, n);
-    out("%s=%.4f %s_min=%.4f %s_max=%.4f\n", key, m, key, n > 0 ? v[0] : 0.0, key,
-        n > 0 ? v[n - 1] : 0.0);
+    double *per = calloc((size_t)runs, sizeof *per), *per_d = calloc((size_t)runs, sizeof *per_d);
+    double *ratio = calloc((size_t)runs, sizeof *ratio);
+    if (!per || !per_d || !ratio)
+        die("out of memory");
+    for (int run = -1; run < runs; run++) {
+        double t[2] = {0, 0};
+        for (int j = 0; j < (ab ? 2 : 1); j++) {
+            int which = ab ? (j + run + 1) % 2 : 0; /* alternate which path goes first */
+            t[which] = run_once(which, ctx);
+        }
+        if (run >= 0) {
+            per[run] = t[0];
+            per_d[run] = t[1];
+            ratio[run] = ab ? t[0] / t[1] : 0;
+        }
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s_ns", key);
+    print_median(name, per, runs);
+    if (ab) {
+        snprintf(name, sizeof name, "%s_driver_ns", key);
+        print_median(name, per_d, runs);
+        double m = median(ratio, runs);
+        out("ab_ratio=%.4f ab_ratio_min=%.4f ab_ratio_max=%.4f\n", m, ratio[0], ratio[runs - 1]);
+    }
+    free(per);
+    free(per_d);
+    free(ratio);
 }
 
 /* -------------------------------------------------------------- stop flag */

@@ -66,8 +66,11 @@ void sleep_ns(uint64_t ns);
 double median(double *v, int n); /* sorts v */
 /* Prints `KEY=median KEY_min=min KEY_max=max` of n samples (sorts v). */
 void print_median(const char *key, double *v, int n);
-/* The same with four decimals, for ratios. */
-void print_median_ratio(const char *key, double *v, int n);
+/* One warm-up run, then `runs` measured runs of `run_once(0, ctx)` (ns per operation through the
+ * exported entry points); prints `KEY_ns=` (print_median). With `ab`, each run also times
+ * `run_once(1, ctx)` (the driver's own entry points), alternating which goes first, and prints
+ * `KEY_driver_ns=` and `ab_ratio=` (the median of per-run ratios, exported / driver). */
+void time_runs(const char *key, int runs, int ab, double (*run_once)(int which, void *ctx), void *ctx);
 
 /* ---- stop flag: set by SIGINT/SIGTERM/SIGUSR1 once stop_on_signals() was called ---- */
 extern volatile sig_atomic_t stop_requested;
