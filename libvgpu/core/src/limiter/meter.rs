@@ -461,7 +461,8 @@ impl<E: Copy> Meter<E> {
     /// union then, and holding it splits kernels that run side by side uncapped (a budget closing
     /// between the two launches of a round leaves one running alone). On an H100 the kernels of
     /// two streams kept 1.91-1.95 of their 1.97-1.99 uncapped overlap with this rule, 1.87-1.95
-    /// without. What it does add is measured and charged like any work, so the long-run share
+    /// without, in one run; two threads synchronizing each launch vary more than that from run
+    /// to run with either (docs/benchmarks.md, session 7). What it does add is measured and charged like any work, so the long-run share
     /// stays the cap; the debt it may run up is bounded (`BESIDE_DEBT_NS`) for kernels that
     /// cannot share the GPU after all. Takes `balance` lazily: a single-stream process (most)
     /// reads nothing more while it waits.
