@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the CUDA-runtime benchmarks on the GPU machine (needs nvcc; targets sm_90 = H100/H200).
-# Output: bench/gpu/bin/runtime_launch next to this script. Usage: bench/gpu/build.sh [nvcc args]
+# Output: bench/gpu/bin/{runtime_launch,call_cost} next to this script. Usage: bench/gpu/build.sh [nvcc args]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -10,3 +10,5 @@ mkdir -p "$here/bin"
 # the same path as the runtime inside PyTorch.
 "$NVCC" -O2 -arch=sm_90 -o "$here/bin/runtime_launch" "$here/runtime_launch.cu" "$@"
 echo "built=$here/bin/runtime_launch"
+"$NVCC" -O2 -arch=sm_90 -o "$here/bin/call_cost" "$here/call_cost.cu" -lcuda "$@"
+echo "built=$here/bin/call_cost"
