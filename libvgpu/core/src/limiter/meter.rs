@@ -540,23 +540,27 @@ impl<E: Copy> Meter<E> {
     }
 
     /// May a launch on stream `i` go in debt because it will run beside work already queued on
-    /// another of our streams, for at least half its estimated time? It adds little to the
+    /// one other stream of ours, for at least half its estimated time? It adds little to the
     /// union then, and holding it splits kernels that run side by side uncapped (a budget closing
     /// between the two launches of a round leaves one running alone). On an H100 the kernels of
     /// two streams kept 1.91-1.95 of their 1.97-1.99 uncapped overlap with this rule, 1.87-1.95
     /// without, in one run; two threads synchronizing each launch vary more than that from run
     /// to run with either (docs/benchmarks.md, session 7). What it does add is measured and charged like any work, so the long-run share
     /// stays the cap; the debt it may run up is bounded (`BESIDE_DEBT_NS`) for kernels that
-    /// cannot share the GPU after all. Takes `balance` lazily: a single-stream process (most)
-    /// reads nothing more while it waits.
+    /// cannot share the GPU after all. With two or more other streams queued, a kernel waits
+    /// behind them rather than beside: letting those go too kept eight threads launching
+    /// together until that bound, then waiting together (an H100's readings of such bursts
+    /// scattered 18-35% under a cap of 25). Takes `balance` lazily: a single-stream process
+    /// (most) reads nothing more while it waits.
     fn runs_beside_queued_work(&mut self, i: usize, balance: impl FnOnce() -> i64, now: u64) -> bool {
         if self.streams.len() < 2 || balance() < -BESIDE_DEBT_NS {
             return false;
         }
         let me = &self.streams[i];
         let start = me.queued_end().unwrap_or(now).max(now);
-        let others_end = self.streams.iter().enumerate().filter(|&(j, _)| j != i).filter_map(|(_, s)| s.queued_end()).max();
-        let beside = others_end.is_some_and(|e| e >= start.saturating_add(me.est_ns / 2));
+        let mut others = self.streams.iter().enumerate().filter(|&(j, _)| j != i).filter_map(|(_, s)| s.queued_end());
+        let (first, second) = (others.next(), others.next());
+        let beside = second.is_none() && first.is_some_and(|e| e >= start.saturating_add(me.est_ns / 2));
         self.stats.beside_queued += beside as u64;
         beside
     }
@@ -1059,5 +1063,19 @@ mod tests {
         evs.states.insert(1, EventState::Done(T0 + MS));
         assert!(matches!(meter.gate(&mut evs, &b, Some(50), 2, T0 + MS + 30_000), Step::Wait(_)));
         assert_eq!(meter.stats.beside_queued, 2);
+    }
+
+    #[test]
+    fn in_debt_a_launch_waits_when_several_streams_have_work_queued() {
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 50);
+        // Streams 1 and 2 hold 1 ms each: a third kernel would queue behind a pair already
+        // sharing the GPU, not run beside it (eight threads went in debt together this way).
+        meter.launched(1, None, Some(1), T0, &mut evs);
+        meter.launched(2, None, Some(2), T0, &mut evs);
+        s.tokens_ns.store(-2 * MS as i64, Relaxed);
+        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 3, T0 + 10_000), Step::Wait(_)));
+        assert_eq!(meter.stats.beside_queued, 0);
     }
 }

@@ -21,6 +21,12 @@ const PAUSE_NS: u64 = 1_500;
 const DRIVER_QUEUE_NS: u64 = 20_000_000;
 const T0: u64 = 1_000_000_000;
 const SEC: u64 = 1_000_000_000;
+/// Results are kept per window of this length. NVML's own samples are 200 ms apart on an H100
+/// (`nvmlDeviceGetSamples`), but the reading `nvmlDeviceGetUtilizationRates` gives each second
+/// (what `bench/py/share.py` judges) covers less: 8 threads under a cap of 25 read 18-35 where
+/// the 200 ms samples of the same seconds read 21-31.
+const WIN: u64 = SEC / 10;
+const WINS_PER_SEC: usize = (SEC / WIN) as usize;
 
 #[derive(Default)]
 struct Gpu {
@@ -95,7 +101,7 @@ struct Proc {
 }
 
 /// Run the threads (each `(process, pattern)`) for `secs` virtual seconds under `cap`.
-/// Returns per-second (kernels completed, busy ns) summed over every thread.
+/// Returns per `WIN` (kernels completed, busy ns) summed over every thread.
 fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u64, u64)> {
     let nproc = threads.iter().map(|t| t.0).max().unwrap_or(0) + 1;
     simulate_containers(&[cap], &vec![0; nproc], threads, secs).remove(0)
@@ -104,7 +110,7 @@ fn simulate(cap: CapPercent, threads: &[(usize, Pattern)], secs: u64) -> Vec<(u6
 /// Like `simulate`, with the processes in containers: process `p` belongs to container
 /// `container_of[p]`, capped at `caps[container]`, each container with its own bucket. With more
 /// than one container every meter knows another tenant is there (as the glue learns from NVML).
-/// Returns per container the per-second (kernels completed, busy ns) of its processes.
+/// Returns per container the per-`WIN` (kernels completed, busy ns) of its processes.
 fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(usize, Pattern)], secs: u64) -> Vec<Vec<(u64, u64)>> {
     let w: World = Rc::new(RefCell::new(Gpu { now: T0, ..Default::default() }));
     let states: Vec<SharedDeviceState> = caps.iter().map(|_| SharedDeviceState::default()).collect();
@@ -230,18 +236,18 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
     (0..caps.len())
         .map(|c| {
             let ks: Vec<(u64, u64)> = kernels.iter().filter(|k| container_of[k.2] == c).map(|k| (k.0, k.1)).collect();
-            per_second(ks, threads.iter().any(|t| t.1.random), end, secs)
+            per_window(ks, threads.iter().any(|t| t.1.random), end, secs)
         })
         .collect()
 }
 
-/// Per-second (kernels completed, or GPU work done when `weighted`; busy ns of their union).
-fn per_second(mut ks: Vec<(u64, u64)>, weighted: bool, end: u64, secs: u64) -> Vec<(u64, u64)> {
-    let mut out = vec![(0u64, 0u64); secs as usize];
+/// Per `WIN` (kernels completed, or GPU work done when `weighted`; busy ns of their union).
+fn per_window(mut ks: Vec<(u64, u64)>, weighted: bool, end: u64, secs: u64) -> Vec<(u64, u64)> {
+    let mut out = vec![(0u64, 0u64); secs as usize * WINS_PER_SEC];
     for &(s, e) in ks.iter() {
         if e > T0 && e <= end {
             // Throughput: kernels, or GPU work done when kernel lengths vary.
-            out[((e - 1 - T0) / SEC) as usize].0 += if weighted { (e - s) / 1000 } else { 1 };
+            out[((e - 1 - T0) / WIN) as usize].0 += if weighted { (e - s) / 1000 } else { 1 };
         }
     }
     // Utilization: the union of kernel time (kernels running side by side count once).
@@ -256,9 +262,9 @@ fn per_second(mut ks: Vec<(u64, u64)>, weighted: bool, end: u64, secs: u64) -> V
     for &(s, e) in merged.iter() {
         let mut t = s.max(T0);
         while t < e.min(end) {
-            let sec = (t - T0) / SEC;
-            let seg_end = (T0 + (sec + 1) * SEC).min(e).min(end);
-            out[sec as usize].1 += seg_end - t;
+            let win = (t - T0) / WIN;
+            let seg_end = (T0 + (win + 1) * WIN).min(e).min(end);
+            out[win as usize].1 += seg_end - t;
             t = seg_end;
         }
     }
@@ -294,15 +300,16 @@ fn place(g: &mut Gpu, t0: u64, dur: u64, frac: u64, proc: usize) -> u64 {
     unreachable!("the last end always fits")
 }
 
-/// Mean kernels/s and utilization (%) over seconds `from..`.
+/// Mean kernels per window and utilization (%) from second `from` on.
 fn summarize(v: &[(u64, u64)], from: usize) -> (f64, f64) {
+    let from = from * WINS_PER_SEC;
     let n = (v.len() - from) as f64;
     let k = v[from..].iter().map(|x| x.0).sum::<u64>() as f64 / n;
-    let u = v[from..].iter().map(|x| x.1).sum::<u64>() as f64 / n / SEC as f64 * 100.0;
+    let u = v[from..].iter().map(|x| x.1).sum::<u64>() as f64 / n / WIN as f64 * 100.0;
     (k, u)
 }
 
-/// Capped vs uncapped: utilization within 3 points of min(cap, u0), every second within 8,
+/// Capped vs uncapped: utilization within 3 points of min(cap, u0), every NVML sample (`WIN`) within 8,
 /// throughput within 5% of min(1, cap/u0).
 fn check(name: &str, threads: &[(usize, Pattern)], secs: u64, caps: &[u32]) {
     let base = simulate(None, threads, secs);
@@ -318,9 +325,9 @@ fn check(name: &str, threads: &[(usize, Pattern)], secs: u64, caps: &[u32]) {
             "{name}, cap {cap}: throughput {:.3} of uncapped, want {want_k:.3} (utilization {u:.1}%)",
             k / k0
         );
-        for (i, s) in got.iter().enumerate().skip(2) {
-            let su = s.1 as f64 / SEC as f64 * 100.0;
-            assert!((su - want_u).abs() <= 8.0, "{name}, cap {cap}: second {i} at {su:.1}% ({got:?})");
+        let samples: Vec<f64> = got.iter().map(|s| (s.1 as f64 / WIN as f64 * 1000.0).round() / 10.0).collect();
+        for (i, su) in samples.iter().enumerate().skip(2 * WINS_PER_SEC) {
+            assert!((su - want_u).abs() <= 8.0, "{name}, cap {cap}: sample {i} at {su:.1}% ({samples:?})");
         }
     }
 }
@@ -338,6 +345,20 @@ fn one_stream_delivers_the_cap(
 fn threads_on_their_own_streams_share_one_cap(#[values(2, 4, 8)] n: usize) {
     let threads: Vec<_> = (0..n).map(|_| (0, Pattern::fixed(1_000_000, 1))).collect();
     check(&format!("{n} threads"), &threads, 6, &[25, 50]);
+}
+
+#[rstest::rstest]
+fn many_threads_hold_the_cap_in_every_sample(#[values(25, 50)] cap: u32) {
+    // Eight threads of half-GPU kernels, a synchronize after each (`test_streams --threads 8`
+    // on an H100): any thread finding another stream's work queued went in debt beside it, so
+    // all eight kept launching until the debt reached `BESIDE_DEBT_NS`, then all waited. The
+    // bursts read 45.9-53.9% in 100 ms windows under a cap of 50 here, and 18-35% in an
+    // H100's one-a-second readings under a cap of 25.
+    let threads: Vec<_> = (0..8).map(|_| (0, Pattern { frac: 500, ..Pattern::fixed(1_000_000, 1) })).collect();
+    let got = simulate(Some(cap), &threads, 6);
+    let samples: Vec<f64> = got.iter().skip(2 * WINS_PER_SEC).map(|s| s.1 as f64 / WIN as f64 * 100.0).collect();
+    let worst = samples.iter().map(|u| (u - cap as f64).abs()).fold(0.0, f64::max);
+    assert!(worst <= 3.0, "cap {cap}: a 100 ms window {worst:.1} points off ({samples:.1?})");
 }
 
 #[rstest::rstest]
@@ -517,3 +538,4 @@ fn two_saturating_containers_each_get_their_cap(#[values((30, 60), (50, 50), (25
         assert!((share - cap as f64).abs() <= 3.0, "caps {caps:?}: container {c} got {share:.1}% of one process's throughput ({u:.1}% busy), cap {cap}");
     }
 }
+
