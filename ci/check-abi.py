@@ -256,6 +256,7 @@ STRUCTS = {
         "nvmlProcessInfo_t": ("nvmlProcessInfo_t", {}),
         "nvmlUtilization_t": ("nvmlUtilization_t", {}),
         "nvmlProcessUtilizationSample_t": ("nvmlProcessUtilizationSample_t", {}),
+        "nvmlSample_t": ("nvmlSample_t", {}),
     },
     "mock-libcuda/src/ffi.rs": {
         "CUlaunchConfig": ("CUlaunchConfig", {"grid": "gridDimX", "block": "blockDimX"}),
@@ -276,6 +277,7 @@ STRUCTS = {
         "ProcessInfoV1": ("nvmlProcessInfo_v1_t", {}),
         "ProcessInfoV2": ("nvmlProcessInfo_v2_t", {}),
         "ProcessUtilizationSample": ("nvmlProcessUtilizationSample_t", {}),
+        "Sample": ("nvmlSample_t", {}),
     },
 }
 PRIM = {"u8": 1, "i8": 1, "c_char": 1, "u16": 2, "i16": 2, "u32": 4, "i32": 4, "c_int": 4, "c_uint": 4, "f32": 4,

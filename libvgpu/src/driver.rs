@@ -316,6 +316,28 @@ pub fn nvml_gpu_util(h: nvmlDevice_t) -> Option<u32> {
     (r == NVML_SUCCESS).then_some(u.gpu)
 }
 
+/// NVML's own device utilization samples (`nvmlDeviceGetSamples`) taken after `since_us`
+/// (CLOCK_REALTIME microseconds), as (timestamp, percent), oldest first: each covers one of
+/// NVML's sample periods (200 ms on an H100), so their mean is the utilization over the time
+/// they span. `Some(empty)`: nothing new; `None`: NVML cannot give them (no such call, an error).
+pub fn nvml_gpu_util_samples(h: nvmlDevice_t, since_us: u64) -> Option<Vec<(u64, u32)>> {
+    let mut buf = [nvmlSample_t::default(); 128];
+    let (mut kind, mut n) = (0 as c_int, buf.len() as c_uint);
+    let r = call!(nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, since_us, &mut kind, &mut n, buf.as_mut_ptr()))?;
+    match r {
+        NVML_SUCCESS => {}
+        NVML_ERROR_NOT_FOUND => return Some(Vec::new()),
+        _ => return None,
+    }
+    let mut got: Vec<(u64, u32)> = buf[..(n as usize).min(buf.len())]
+        .iter()
+        .filter(|s| s.time_stamp > since_us)
+        .filter_map(|s| vgpu_core::policy::monitor::sample_percent(kind, s.sample_value).map(|v| (s.time_stamp, v)))
+        .collect();
+    got.sort_unstable();
+    Some(got)
+}
+
 /// Highest SM utilization NVML sampled for host process `pid` since `since_us` (NVML's
 /// microsecond timestamps); `None` when NVML has no sample of it (or no NVML).
 pub fn nvml_process_sm_util(h: nvmlDevice_t, pid: u32, since_us: u64) -> Option<u32> {

@@ -44,6 +44,9 @@ pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 pub const NVML_SUCCESS: nvmlReturn_t = 0;
 pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
+/// `nvmlSamplingType_t`: the device's GPU utilization samples.
+pub const NVML_GPU_UTILIZATION_SAMPLES: c_int = 1;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 
@@ -224,6 +227,15 @@ pub struct nvmlProcessInfo_t {
     pub used_gpu_memory: u64,
     pub gpu_instance_id: c_uint,
     pub compute_instance_id: c_uint,
+}
+
+/// `nvmlSample_t`: a timestamp (CLOCK_REALTIME microseconds) and the raw 8 bytes of its
+/// `nvmlValue_t` union (which member: the call's `nvmlValueType_t`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct nvmlSample_t {
+    pub time_stamp: u64,
+    pub sample_value: u64,
 }
 
 /// `nvmlUtilization_t`.

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
 
-use vgpu_core::limiter::calibrate::{NvmlMean, Window};
+use vgpu_core::limiter::calibrate::{Feed, Window};
 use vgpu_core::limiter::tenants::{Reading, TenantSignal};
 use vgpu_core::ledger::Growth;
 use vgpu_core::policy::monitor::{self as policy, Adjust, GateStats};
@@ -54,7 +54,7 @@ fn run(rt: &'static Runtime) {
     let mut nvml_handles: [Option<usize>; MAX_DEVICES] = [None; MAX_DEVICES];
     let mut nvml_seen_us = 0u64;
     let mut tenants = [TenantSignal::default(); MAX_DEVICES];
-    let mut nvml_means = [NvmlMean::default(); MAX_DEVICES];
+    let mut feeds = [Feed::default(); MAX_DEVICES];
     let mut growth = [Growth::default(); MAX_DEVICES];
     loop {
         std::thread::sleep(TICK);
@@ -95,7 +95,8 @@ fn run(rt: &'static Runtime) {
             }
             let device_util = observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
             let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
-            calibrate_charge(ps, dev, device_util, cap, tenants[dev].alone, &mut nvml_means[dev], now);
+            let cap = policy::calibration_cap(cap, tenants[dev].alone);
+            calibrate_charge(ps, dev, nvml_handles[dev], device_util, cap, &mut feeds[dev], now);
             if when.growth {
                 follow_growth(ps, dev, nvml_handles[dev], &mut growth[dev]);
             }
@@ -136,23 +137,26 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
 }
 
 /// Feed NVML's device utilization under a cap to the charge calibration (`limiter::calibrate`)
-/// while the container is alone on the device; each second, the container's scale moves towards
-/// NVML's busy time per measured ns.
-fn calibrate_charge(ps: &ProcState, dev: usize, util: Option<u32>, cap: Option<u32>, alone: bool, mean: &mut NvmlMean, now: u64) {
-    let cap = match policy::calibration_cap(cap, alone) {
+/// while the container is alone on the device: NVML's own samples, each beside the busy time
+/// measured over the period it covers, or this tick's reading (`snapshot`) where NVML gives no
+/// samples. Each second, the container's scale moves towards NVML's busy time per measured ns.
+/// `cap`: `policy::calibration_cap`'s verdict.
+fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot: Option<u32>, cap: Result<u32, &str>, feed: &mut Feed, now: u64) {
+    let cap = match cap {
         Ok(cap) => cap,
         Err(why) => {
-            if mean.is_running() {
+            if feed.mean.is_running() {
                 vgpu_core::debug!("device {dev}: charge calibration paused ({why})");
             }
-            mean.reset();
+            feed.reset();
             return;
         }
     };
-    let Some(util) = util else { return }; // one missed NVML reading: skip it
     let bucket = ps.region.bucket(dev);
-    let Some((nvml_centi, own_centi)) = mean.add(util, bucket.s.total_busy_ns.load(Relaxed), cap, now) else { return };
-    if let Some(scale) = bucket.calibrate(Window { nvml_centi, own_centi, cap, alone }, now) {
+    let since_us = feed.tick(vgpu_core::clock::unix_micros(), bucket.s.total_busy_ns.load(Relaxed));
+    let samples = handle.and_then(|h| crate::driver::nvml_gpu_util_samples(h as crate::ffi::nvmlDevice_t, since_us));
+    let Some((nvml_centi, own_centi)) = feed.add(samples, snapshot, cap, now) else { return };
+    if let Some(scale) = bucket.calibrate(Window { nvml_centi, own_centi, cap, alone: true }, now) {
         vgpu_core::debug!(
             "device {dev}: NVML {:.1}% for {:.1}% measured under cap {cap}%: charge scale {scale}/1000",
             nvml_centi as f64 / 100.0,
@@ -184,9 +188,7 @@ fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched
     let h = h as crate::ffi::nvmlDevice_t;
     let hostpid = ps.region.slot_hostpid(ps.slot);
     let since = *seen_us;
-    *seen_us = policy::nvml_next_since(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0),
-    );
+    *seen_us = policy::nvml_next_since(vgpu_core::clock::unix_micros());
     let util = policy::nvml_util(
         hostpid,
         launched,

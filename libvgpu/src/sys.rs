@@ -245,6 +245,8 @@ called {
     Nvml call fn nvmlDeviceGetUUID(dev: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
     Nvml call fn nvmlDeviceGetIndex(dev: nvmlDevice_t, index: *mut c_uint);
     Nvml call fn nvmlDeviceGetUtilizationRates(dev: nvmlDevice_t, util: *mut nvmlUtilization_t);
+    Nvml call fn nvmlDeviceGetSamples(dev: nvmlDevice_t, kind: c_int, since_us: u64, value_type: *mut c_int,
+        count: *mut c_uint, samples: *mut nvmlSample_t);
     Nvml call fn nvmlDeviceGetProcessUtilization(dev: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t,
         count: *mut c_uint, since_us: u64);
 }

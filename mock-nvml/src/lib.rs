@@ -6,7 +6,7 @@
 //! under `mock_gpu::faults::guarded` (MOCK_NVML_FAULT / MOCK_NVML_DELAY, panics caught).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use mock_gpu::{now_ns, realtime_us, GpuState, MAX_DEVICES};
+use mock_gpu::{now_ns, realtime_us, GpuState, BUCKET_NS, MAX_DEVICES, RING};
 use std::ffi::{c_char, c_uint, CStr};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
@@ -14,6 +14,7 @@ type Ret = u32;
 const NVML_SUCCESS: Ret = 0;
 const NVML_ERROR_UNINITIALIZED: Ret = 1;
 const NVML_ERROR_INVALID_ARGUMENT: Ret = 2;
+const NVML_ERROR_NOT_SUPPORTED: Ret = 3;
 const NVML_ERROR_NOT_FOUND: Ret = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: Ret = 7;
 const NVML_ERROR_DRIVER_NOT_LOADED: Ret = 9;
@@ -24,6 +25,13 @@ const NVML_ERROR_UNKNOWN: Ret = 999;
 const NVML_MEMORY_V2: u32 = std::mem::size_of::<MemoryV2>() as u32 | (2 << 24);
 /// Samples and utilization rates cover the last second (NVML's longest sample period).
 const WINDOW_NS: u64 = 1_000_000_000;
+/// `nvmlDeviceGetSamples`' GPU utilization: one sample per this period (an H100's), each the
+/// busy share of the period it ends, kept as long as the busy history (`RING` buckets).
+const SAMPLE_NS: u64 = 200_000_000;
+const SAMPLE_HISTORY_NS: u64 = (RING as u64 - 1) * BUCKET_NS;
+/// `nvmlSamplingType_t` NVML_GPU_UTILIZATION_SAMPLES, `nvmlValueType_t` NVML_VALUE_TYPE_UNSIGNED_INT.
+const GPU_UTILIZATION_SAMPLES: i32 = 1;
+const VALUE_TYPE_UNSIGNED_INT: i32 = 1;
 const DRIVER_VERSION: &str = "580.65.06";
 const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 
@@ -41,6 +49,13 @@ pub struct MemoryV2 {
     reserved: u64,
     free: u64,
     used: u64,
+}
+
+/// `nvmlSample_t` (its `nvmlValue_t` union as raw bytes).
+#[repr(C)]
+pub struct Sample {
+    time_stamp: u64,
+    sample_value: u64,
 }
 
 #[repr(C)]
@@ -367,6 +382,47 @@ nvml_exports! {
             let busy = st.device_busy_ns(d, now.saturating_sub(WINDOW_NS), now);
             out(util, Utilization { gpu: (busy * 100 / WINDOW_NS).min(100) as u32, memory: 0 })
         }))
+    }
+    fn nvmlDeviceGetSamples(dev: Device, kind: i32, last_seen: u64, value_type: *mut i32, count: *mut c_uint, samples: *mut Sample) {
+        rc((|| {
+            let (st, d) = device(dev)?;
+            if count.is_null() || value_type.is_null() {
+                return Err(NVML_ERROR_INVALID_ARGUMENT);
+            }
+            if kind != GPU_UTILIZATION_SAMPLES {
+                return Err(NVML_ERROR_NOT_SUPPORTED);
+            }
+            let (now, now_us) = (now_ns(), realtime_us());
+            // Periods end on multiples of SAMPLE_NS of the monotonic clock; stamped in wall time.
+            let newest = now / SAMPLE_NS * SAMPLE_NS;
+            let list: Vec<Sample> = (0..=SAMPLE_HISTORY_NS / SAMPLE_NS)
+                .rev()
+                .filter_map(|k| newest.checked_sub(k * SAMPLE_NS))
+                .filter(|&end| end >= SAMPLE_NS)
+                .map(|end| (end, now_us.saturating_sub((now - end) / 1000)))
+                .filter(|&(_, ts)| ts > last_seen)
+                .map(|(end, ts)| Sample {
+                    time_stamp: ts,
+                    sample_value: (st.device_busy_ns(d, end - SAMPLE_NS, end) * 100 / SAMPLE_NS).min(100),
+                })
+                .collect();
+            *value_type = VALUE_TYPE_UNSIGNED_INT;
+            let room = *count as usize;
+            *count = list.len() as c_uint;
+            if samples.is_null() {
+                return Ok(());
+            }
+            if list.is_empty() {
+                return Err(NVML_ERROR_NOT_FOUND);
+            }
+            if room < list.len() {
+                return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+            }
+            for (i, s) in list.into_iter().enumerate() {
+                samples.add(i).write(s);
+            }
+            Ok(())
+        })())
     }
     fn nvmlDeviceGetProcessUtilization(dev: Device, samples: *mut ProcessUtilizationSample, count: *mut c_uint, last_seen: u64) {
         rc((|| {

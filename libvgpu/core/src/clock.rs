@@ -100,10 +100,12 @@ pub fn reset_calibration() {
 
 /// Seconds since the Unix epoch (HAMi's `last_kernel_time` is wall-clock seconds).
 pub fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    unix_micros() / 1_000_000
+}
+
+/// Microseconds since the Unix epoch (NVML's sample timestamps).
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
 /// Sleep for `ns` nanoseconds (clamped to at least 1 µs so a zero never busy-loops a caller).

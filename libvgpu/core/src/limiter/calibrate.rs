@@ -65,8 +65,25 @@ pub fn effective(stored_milli: u64) -> u64 {
     }
 }
 
+/// NVML's utilization over one of its periods, ending at `at_us` (wall clock, NVML's
+/// timestamps), beside the container's measured busy time (cumulative) at that instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub pct: u32,
+    pub at_us: u64,
+    pub busy_ns: u64,
+}
+
+/// Readings further apart than this are a gap (calibration paused, NVML silent): the span
+/// between them is not counted.
+pub const MAX_READING_GAP_NS: u64 = 2 * CALIBRATE_EVERY_NS;
+
 /// One process's running mean of NVML readings for the current window, beside the container's
-/// measured busy time over the same window.
+/// measured busy time over the same spans of time: each reading counts for the time since the
+/// previous one, and the measured busy time of exactly that time is set beside it. NVML's samples
+/// arrive a few hundred ms after the period they cover; compared with the busy time of the ms
+/// before their arrival instead, a step of the scale showed up twice (once in the readings still
+/// from before it), and the scale swung.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NvmlMean {
     cap: u32,
@@ -74,37 +91,48 @@ pub struct NvmlMean {
     /// before a new cap, or before the container was alone.
     settle_until_ns: u64,
     settled: bool,
-    sum_centi: u64,
-    n: u64,
-    /// When the window began, and the container's measured busy time then.
-    start: Option<(u64, u64)>,
+    /// The previous reading's (at_us, busy_ns): where the next one's span begins.
+    last: Option<(u64, u64)>,
+    /// Sums over the window: NVML percent x span ns, measured busy ns, span ns.
+    nvml_pct_ns: u128,
+    own_ns: u64,
+    span_ns: u64,
 }
 
 impl NvmlMean {
-    /// Add a reading (percent) taken at `now` under `cap`; `busy_ns` is the container's
-    /// cumulative measured busy time. Once `CALIBRATE_EVERY_NS` have passed since the window's
-    /// first reading, returns NVML's mean and the measured utilization over it (percent x 100)
-    /// and starts the next window. A changed cap (or a first reading) starts a new window after
-    /// NVML's sample period has passed.
-    pub fn add(&mut self, util_pct: u32, busy_ns: u64, cap: u32, now: u64) -> Option<(u64, u64)> {
+    /// Add a reading taken under `cap`, seen at `now` (monotonic). Once the readings span
+    /// `CALIBRATE_EVERY_NS`, returns NVML's mean and the measured utilization over the same time
+    /// (percent x 100) and starts the next window. A changed cap (or a first reading) starts anew
+    /// after NVML's sample period has passed.
+    pub fn add(&mut self, r: Reading, cap: u32, now: u64) -> Option<(u64, u64)> {
         if cap != self.cap || !self.settled {
             *self = NvmlMean { cap, settled: true, settle_until_ns: now + CALIBRATE_EVERY_NS, ..NvmlMean::default() };
         }
         if now < self.settle_until_ns {
             return None;
         }
-        let (since, busy0) = *self.start.get_or_insert((now, busy_ns));
-        self.sum_centi += util_pct.min(100) as u64 * 100;
-        self.n += 1;
-        let span = now.saturating_sub(since);
-        if span < CALIBRATE_EVERY_NS {
+        let Some((t0, b0)) = self.last else {
+            self.last = Some((r.at_us, r.busy_ns));
+            return None;
+        };
+        if r.at_us <= t0 {
+            return None; // not newer: nothing to add
+        }
+        self.last = Some((r.at_us, r.busy_ns));
+        let span = (r.at_us - t0).saturating_mul(1000);
+        if span > MAX_READING_GAP_NS {
             return None;
         }
-        let own = (busy_ns.saturating_sub(busy0) as u128 * 10_000 / span as u128).min(10_000) as u64;
-        let out = (self.sum_centi / self.n, own);
-        // The next window starts here (this reading closed the last one).
-        *self = NvmlMean { cap, settled: true, start: Some((now, busy_ns)), ..NvmlMean::default() };
-        Some(out)
+        self.nvml_pct_ns += r.pct.min(100) as u128 * span as u128;
+        self.own_ns += r.busy_ns.saturating_sub(b0);
+        self.span_ns += span;
+        if self.span_ns < CALIBRATE_EVERY_NS {
+            return None;
+        }
+        let nvml = (self.nvml_pct_ns * 100 / self.span_ns as u128) as u64;
+        let own = (self.own_ns as u128 * 10_000 / self.span_ns as u128).min(10_000) as u64;
+        (self.nvml_pct_ns, self.own_ns, self.span_ns) = (0, 0, 0);
+        Some((nvml, own))
     }
 
     /// Readings are being collected (nothing reset it since).
@@ -115,6 +143,106 @@ impl NvmlMean {
     /// Forget the readings so far (the gate went off, or another tenant appeared).
     pub fn reset(&mut self) {
         *self = NvmlMean::default();
+    }
+}
+
+/// The container's measured busy time (cumulative) at the last few monitor ticks, by wall clock:
+/// what it was when an NVML sample was taken, by interpolation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BusyHistory {
+    /// (at_us, busy_ns), oldest first, the newest `len` of `HISTORY` kept.
+    pts: [(u64, u64); HISTORY],
+    len: usize,
+}
+
+/// Ticks of history kept (3.2 s at the monitor's 200 ms): NVML's samples arrive well within.
+const HISTORY: usize = 16;
+
+impl BusyHistory {
+    pub fn push(&mut self, at_us: u64, busy_ns: u64) {
+        if self.len > 0 && at_us <= self.pts[self.len - 1].0 {
+            return; // the wall clock stepped back: keep what is ordered
+        }
+        if self.len == HISTORY {
+            self.pts.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.pts[self.len] = (at_us, busy_ns);
+        self.len += 1;
+    }
+
+    /// Busy time at `at_us`, interpolated between the ticks around it; `None` outside them.
+    pub fn at(&self, at_us: u64) -> Option<u64> {
+        let pts = &self.pts[..self.len];
+        let i = pts.iter().position(|&(t, _)| t >= at_us)?;
+        let (t1, b1) = pts[i];
+        if t1 == at_us {
+            return Some(b1);
+        }
+        let (t0, b0) = *pts.get(i.checked_sub(1)?)?;
+        Some(b0 + ((b1.saturating_sub(b0)) as u128 * (at_us - t0) as u128 / (t1 - t0) as u128) as u64)
+    }
+
+    /// The newest tick's time.
+    pub fn newest_us(&self) -> Option<u64> {
+        self.len.checked_sub(1).map(|i| self.pts[i].0)
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// One process's calibration input for one device: NVML's samples (or readings) and the busy time
+/// measured over the same spans.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Feed {
+    pub mean: NvmlMean,
+    history: BusyHistory,
+    /// Newest NVML sample taken in (wall clock, us; 0: none yet).
+    seen_us: u64,
+}
+
+impl Feed {
+    /// Record this tick's measured busy time; returns the timestamp after which NVML's samples
+    /// are new (now, the first time: samples from before say nothing of this cap).
+    pub fn tick(&mut self, now_us: u64, busy_ns: u64) -> u64 {
+        self.history.push(now_us, busy_ns);
+        if self.seen_us == 0 {
+            self.seen_us = now_us;
+        }
+        self.seen_us
+    }
+
+    /// Add NVML's samples taken since `tick`'s timestamp (`None`: NVML gives none, then this
+    /// tick's reading `snapshot` stands for the period just ended). Samples newer than the last
+    /// tick wait for the next. Returns a closed window like `NvmlMean::add`.
+    pub fn add(&mut self, samples: Option<Vec<(u64, u32)>>, snapshot: Option<u32>, cap: u32, now: u64) -> Option<(u64, u64)> {
+        let readings: Vec<(u64, u32)> = match samples {
+            Some(s) => s,
+            None => self.history.newest_us().zip(snapshot).into_iter().collect(),
+        };
+        let mut closed = None;
+        for (at_us, pct) in readings {
+            if at_us <= self.seen_us {
+                continue; // taken in already, or from before the first tick
+            }
+            let Some(busy_ns) = self.history.at(at_us) else {
+                if self.history.newest_us().is_some_and(|n| at_us > n) {
+                    break; // after the last tick: the next tick places it
+                }
+                self.seen_us = self.seen_us.max(at_us);
+                continue; // before the history
+            };
+            self.seen_us = self.seen_us.max(at_us);
+            closed = self.mean.add(Reading { pct, at_us, busy_ns }, cap, now).or(closed);
+        }
+        closed
+    }
+
+    /// Forget everything (calibration paused).
+    pub fn reset(&mut self) {
+        *self = Feed::default();
     }
 }
 
@@ -194,25 +322,89 @@ mod tests {
         assert!(worst < 4.0, "worst {worst}");
     }
 
+    /// A reading of `pct` for the period ending `at_ms` into the run, `busy_ms` measured by then.
+    fn rd(pct: u32, at_ms: u64, busy_ms: u64) -> Reading {
+        Reading { pct, at_us: T0_US + at_ms * 1000, busy_ns: busy_ms * 1_000_000 }
+    }
+    const T0_US: u64 = 1_700_000_000_000_000;
+    const MS: u64 = 1_000_000;
+
     #[test]
-    fn the_mean_closes_a_window_after_a_second() {
+    fn the_mean_closes_a_window_after_a_second_of_readings() {
         let s = CALIBRATE_EVERY_NS;
         let mut m = NvmlMean::default();
-        assert_eq!(m.add(90, 0, 25, 0), None, "the first second is NVML's before the cap");
-        assert_eq!(m.add(60, 1_000, 25, s), None);
-        assert_eq!(m.add(40, 1_000, 25, s + s / 2), None);
-        assert_eq!(m.add(50, 1_000 + s / 5, 25, 2 * s), Some((5000, 2000)));
-        assert_eq!(m.add(30, 1_000 + s / 5, 25, 3 * s), Some((3000, 0)), "windows follow on");
-        assert_eq!(m.add(30, 1_000 + s / 5, 25, 3 * s + s / 2), None);
-        assert_eq!(m.add(50, 0, 50, 4 * s), None, "the cap changed: NVML settles first");
-        assert_eq!(m.add(80, 0, 50, 4 * s + s / 2), None);
-        assert_eq!(m.add(50, 0, 50, 5 * s), None);
-        assert_eq!(m.add(50, s / 2, 50, 6 * s), Some((5000, 5000)));
+        assert_eq!(m.add(rd(90, 0, 0), 25, 0), None, "the first second is NVML's before the cap");
+        assert_eq!(m.add(rd(60, 1000, 100), 25, s), None, "the first reading starts the spans");
+        assert_eq!(m.add(rd(40, 1500, 200), 25, s + s / 2), None);
+        // 500 ms at 40%, 500 ms at 60%; measured 100 + 200 ms of 1 s.
+        assert_eq!(m.add(rd(60, 2000, 400), 25, 2 * s), Some((5000, 3000)));
+        assert_eq!(m.add(rd(30, 3000, 400), 25, 3 * s), Some((3000, 0)), "windows follow on");
+        assert_eq!(m.add(rd(30, 3000, 400), 25, 3 * s), None, "a reading seen before adds nothing");
+        assert_eq!(m.add(rd(50, 6000, 900), 25, 6 * s), None, "after a gap the spans start over");
+        assert_eq!(m.add(rd(50, 7000, 1400), 25, 7 * s), Some((5000, 5000)));
+        assert_eq!(m.add(rd(50, 8000, 0), 50, 8 * s), None, "the cap changed: NVML settles first");
+        assert_eq!(m.add(rd(50, 8500, 0), 50, 8 * s + s / 2), None);
         m.reset();
         assert!(!m.is_running());
-        assert_eq!(m.add(10, s, 50, 6 * s + s / 2), None, "after a reset NVML settles again");
-        assert_eq!(m.add(50, s, 50, 7 * s + s / 2), None);
-        assert_eq!(m.add(50, s + s / 4, 50, 8 * s + s / 2), Some((5000, 2500)));
+    }
+
+    #[test]
+    fn busy_time_is_interpolated_between_ticks() {
+        let mut h = BusyHistory::default();
+        assert_eq!(h.at(T0_US), None);
+        h.push(T0_US, 0);
+        h.push(T0_US + 200_000, 100 * MS);
+        h.push(T0_US + 100_000, 5 * MS); // the wall clock stepped back: ignored
+        assert_eq!(h.at(T0_US + 50_000), Some(25 * MS));
+        assert_eq!(h.at(T0_US + 200_000), Some(100 * MS));
+        assert_eq!(h.at(T0_US + 200_001), None, "after the newest tick");
+        assert_eq!(h.at(T0_US - 1), None, "before the oldest");
+        for k in 2..40 {
+            h.push(T0_US + k * 200_000, k * 100 * MS);
+        }
+        assert_eq!(h.at(T0_US + 39 * 200_000 - 100_000), Some(3850 * MS));
+        assert_eq!(h.at(T0_US), None, "only the last 16 ticks are kept");
+        assert_eq!(h.newest_us(), Some(T0_US + 39 * 200_000));
+    }
+
+    #[test]
+    fn a_late_sample_is_set_beside_the_busy_time_of_its_own_period() {
+        // The container ran 20% of the time until 2 s, then 40% (the scale stepped). NVML's
+        // samples (200 ms periods) say exactly that but each arrives 300 ms after its period:
+        // every closed window must read NVML / measured = 1, the step included.
+        let mut f = Feed::default();
+        let busy_at = |ms: u64| if ms <= 2000 { ms / 5 } else { 400 + (ms - 2000) * 2 / 5 };
+        let pct_of = |end_ms: u64| if end_ms <= 2000 { 20 } else { 40 };
+        let mut windows = Vec::new();
+        for tick in 0..=30u64 {
+            let ms = tick * 200;
+            let since = f.tick(T0_US + ms * 1000, busy_at(ms) * MS);
+            // Samples whose period ended 300 ms or more ago and after `since`.
+            let samples: Vec<(u64, u32)> = (1..=tick)
+                .map(|k| k * 200)
+                .filter(|&end| end + 300 <= ms)
+                .map(|end| (T0_US + end * 1000, pct_of(end)))
+                .filter(|&(at, _)| at > since)
+                .collect();
+            if let Some(w) = f.add(Some(samples), Some(99), 25, 10 * CALIBRATE_EVERY_NS + ms * MS) {
+                windows.push(w);
+            }
+        }
+        assert!(windows.len() >= 3, "{windows:?}");
+        for (nvml, own) in &windows {
+            assert!(nvml.abs_diff(*own) <= 10, "NVML {nvml} for {own} measured: {windows:?}");
+        }
+    }
+
+    #[test]
+    fn without_samples_each_reading_stands_for_the_tick_just_ended() {
+        let mut f = Feed::default();
+        let mut got = None;
+        for tick in 0..=12u64 {
+            f.tick(T0_US + tick * 200_000, tick * 60 * MS);
+            got = f.add(None, Some(30), 25, 10 * CALIBRATE_EVERY_NS + tick * 200 * MS).or(got);
+        }
+        assert_eq!(got, Some((3000, 3000)));
     }
 
     proptest! {

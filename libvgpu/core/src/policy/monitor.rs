@@ -133,10 +133,38 @@ pub fn calibration_cap(cap: Option<u32>, alone: bool) -> Result<u32, &'static st
     }
 }
 
+/// One NVML sample's value as a percent, from the raw bytes of its `nvmlValue_t` and the
+/// `nvmlValueType_t` the call named (double, unsigned int, unsigned long, unsigned long long,
+/// signed long long, signed int, unsigned short); `None` for a type NVML does not define.
+pub fn sample_percent(value_type: i32, raw: u64) -> Option<u32> {
+    let v: f64 = match value_type {
+        0 => f64::from_bits(raw),
+        1 => raw as u32 as f64,
+        2 | 3 => raw as f64,
+        4 => raw as i64 as f64,
+        5 => raw as u32 as i32 as f64,
+        6 => raw as u16 as f64,
+        _ => return None,
+    };
+    Some(if v.is_nan() { 0 } else { v.clamp(0.0, 100.0).round() as u32 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn sample_values_decode_by_their_type() {
+        assert_eq!(sample_percent(1, 0xFFFF_FFFF_0000_0019), Some(25), "unsigned int: the low 4 bytes");
+        assert_eq!(sample_percent(0, 37.6f64.to_bits()), Some(38));
+        assert_eq!(sample_percent(3, 250), Some(100), "clamped");
+        assert_eq!(sample_percent(5, (-3i32) as u32 as u64), Some(0));
+        assert_eq!(sample_percent(6, 0xAAAA_0040), Some(64));
+        assert_eq!(sample_percent(0, f64::NAN.to_bits()), Some(0));
+        assert_eq!(sample_percent(9, 1), None);
+    }
+
     const MIB: u64 = 1 << 20;
     const MS: u64 = 1_000_000;
 
