@@ -14,7 +14,7 @@ usage: share.py --name NAME [--caps 25,50] [--procs N] [--fresh RUNS] -- CMD ARG
                CUDA_DEVICE_SM_LIMIT set) and judge every run on its own
 Env: DIST (libvgpu.so, tools/shrreg-tool), LIBVGPU (another build of the hook to preload), WARM (s, default 2.5), MEASURE (s, default 4),
 OUT (a JSON line per phase is appended to $OUT/share.jsonl), SHARE_LOGS (a directory: each
-workload's output is kept there).
+workload's output is kept there), SERIES (set: each record also lists every NVML sample of its window).
 """
 import ctypes
 import json
@@ -142,6 +142,10 @@ def measure(nvml, procs, region=None):
         ts = sorted(t for t, _ in win)
         LAST.update(nvml_win=round(sum(v for _, v in win) / len(win), 1), nvml_n=len(win),
                     nvml_ms=round((ts[-1] - ts[0]) / 1000 / (len(ts) - 1), 1))
+        if os.environ.get("SERIES"):
+            # Every NVML sample of the window, (ms after the window began, percent): how the
+            # share moved within it (a burst cycle, a calibration step).
+            LAST.update(series=[(round((t - w0) / 1000), v) for t, v in sorted(win)])
     else:
         LAST.update(nvml_win=None, nvml_n=len(win), nvml_ms=None)
     return utils, work / (t1 - t0)
