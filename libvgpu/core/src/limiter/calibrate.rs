@@ -144,6 +144,11 @@ impl NvmlMean {
     pub fn reset(&mut self) {
         *self = NvmlMean::default();
     }
+
+    /// Start the spans over from the next reading, keeping the window's sums.
+    fn forget_last(&mut self) {
+        self.last = None;
+    }
 }
 
 /// The container's measured busy time (cumulative) at the last few monitor ticks, by wall clock:
@@ -161,7 +166,7 @@ const HISTORY: usize = 16;
 impl BusyHistory {
     pub fn push(&mut self, at_us: u64, busy_ns: u64) {
         if self.len > 0 && at_us <= self.pts[self.len - 1].0 {
-            return; // the wall clock stepped back: keep what is ordered
+            return; // not newer: keep what is ordered (`Feed::tick` starts over on a step back)
         }
         if self.len == HISTORY {
             self.pts.copy_within(1.., 0);
@@ -207,6 +212,13 @@ impl Feed {
     /// Record this tick's measured busy time; returns the timestamp after which NVML's samples
     /// are new (now, the first time: samples from before say nothing of this cap).
     pub fn tick(&mut self, now_us: u64, busy_ns: u64) -> u64 {
+        if self.history.newest_us().is_some_and(|n| now_us <= n) {
+            // The wall clock stepped back (NTP): NVML's timestamps did too, and the history and
+            // the newest sample seen are from a future that would hold every new sample back.
+            let mean = self.mean;
+            *self = Feed { mean, ..Feed::default() };
+            self.mean.forget_last();
+        }
         self.history.push(now_us, busy_ns);
         if self.seen_us == 0 {
             self.seen_us = now_us;
@@ -394,6 +406,26 @@ mod tests {
         for (nvml, own) in &windows {
             assert!(nvml.abs_diff(*own) <= 10, "NVML {nvml} for {own} measured: {windows:?}");
         }
+    }
+
+    #[test]
+    fn a_wall_clock_stepped_back_starts_the_feed_over() {
+        // Samples 30%, measured 30%, until the wall clock jumps back an hour (NTP): the feed
+        // must go on closing windows, not wait an hour for the clock to pass its old history.
+        let mut f = Feed::default();
+        let mut closed = 0;
+        for tick in 0..60u64 {
+            let ms = tick * 200;
+            let wall_us = T0_US + ms * 1000 - if tick < 20 { 0 } else { 3_600_000_000 };
+            let since = f.tick(wall_us, ms * 3 / 10 * MS);
+            let s: Vec<(u64, u32)> = [wall_us - 1].into_iter().filter(|&t| t > since).map(|t| (t, 30)).collect();
+            let got = f.add(Some(s), None, 25, 10 * CALIBRATE_EVERY_NS + ms * MS);
+            if let (true, Some((nvml, own))) = (tick >= 30, got) {
+                assert!(nvml.abs_diff(own) <= 100, "NVML {nvml} for {own} measured");
+                closed += 1;
+            }
+        }
+        assert!(closed >= 3, "{closed} windows closed after the step");
     }
 
     #[test]
