@@ -558,7 +558,9 @@ impl<E: Copy> Meter<E> {
         }
         let me = &self.streams[i];
         let start = me.queued_end().unwrap_or(now).max(now);
-        let mut others = self.streams.iter().enumerate().filter(|&(j, _)| j != i).filter_map(|(_, s)| s.queued_end());
+        // Only work expected to run on past our start: a stream with launches not yet closed by
+        // an event or a synchronize, but long done, is no queue.
+        let mut others = self.streams.iter().enumerate().filter(|&(j, _)| j != i).filter_map(|(_, s)| s.queued_end()).filter(|&e| e > start);
         let (first, second) = (others.next(), others.next());
         let beside = second.is_none() && first.is_some_and(|e| e >= start.saturating_add(me.est_ns / 2));
         self.stats.beside_queued += beside as u64;
@@ -1063,6 +1065,19 @@ mod tests {
         evs.states.insert(1, EventState::Done(T0 + MS));
         assert!(matches!(meter.gate(&mut evs, &b, Some(50), 2, T0 + MS + 30_000), Step::Wait(_)));
         assert_eq!(meter.stats.beside_queued, 2);
+    }
+
+    #[test]
+    fn a_long_idle_stream_does_not_count_as_queued_work() {
+        // Stream 3 ran one launch without an event 50 ms ago and went idle (nothing closes it
+        // until its next launch or a synchronize): stream 2 still pairs with stream 1's work.
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 50);
+        meter.launched(3, None, None, T0 - 50 * MS, &mut evs);
+        meter.launched(1, None, Some(1), T0, &mut evs);
+        s.tokens_ns.store(-2 * MS as i64, Relaxed);
+        assert_eq!(meter.gate(&mut evs, &b, Some(50), 2, T0 + 10_000), Step::Go);
     }
 
     #[test]
