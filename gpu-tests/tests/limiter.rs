@@ -297,6 +297,36 @@ fn the_cap_holds_as_nvml_counts_even_where_nvml_counts_more_than_the_events() {
     assert!((mean - 30.0).abs() <= 3.0, "NVML read {mean:.1}% under a 30% cap\n{watched}\n{out}");
 }
 
+#[test]
+#[serial(mock_gpu_timing)]
+fn the_calibration_reads_nvml_samples_and_falls_back_to_its_readings() {
+    // As above, NVML counts 300 us more after every 1 ms kernel: only the charge calibration
+    // brings NVML to the cap. It reads NVML's own samples (`nvmlDeviceGetSamples`); where that
+    // call fails, as on a driver without it, the one utilization reading per tick does the job.
+    for (fault, source) in [(None, "(samples)"), (Some("nvmlDeviceGetSamples:1*:3"), "(readings)")] {
+        let s = Scratch::new("lim-nvml-samples");
+        let a = artifacts();
+        let mut c = mock_command(&a.sample("test_streams"), &s, true);
+        c.env("MOCK_NVML_TAIL_NS", "300000").env("CUDA_DEVICE_SM_LIMIT", "30").env("LIBCUDA_LOG_LEVEL", "4");
+        c.args(["--us", "1000", "--seconds", "10"]);
+        if let Some(f) = fault {
+            c.env("MOCK_NVML_FAULT", f);
+        }
+        let child = spawn(c);
+        let mut w = mock_command(&a.sample("nvml_watch"), &s, false);
+        w.env("MOCK_NVML_TAIL_NS", "300000").args(["--seconds", "9", "--skip", "5", "--every-ms", "250"]);
+        let watched = run_ok(w);
+        let out = child.wait_with_output().expect("wait sample");
+        let log = String::from_utf8_lossy(&out.stderr);
+        let steps = log.lines().filter(|l| l.contains("charge scale") && l.contains(source)).count();
+        let mean = key_f64(&watched, "mean_util");
+        assert!(
+            out.status.success() && steps >= 3 && (mean - 30.0).abs() <= 3.0,
+            "fault {fault:?}: {steps} calibration steps from {source}, NVML read {mean:.1}% under a 30% cap\n{watched}\n{log}"
+        );
+    }
+}
+
 /// NVML's mean utilization (the unhooked observer) while `test_streams ARGS` runs under the hook
 /// for 8 s with `env`, from second 3 on.
 fn nvml_mean_under(args: &[&str], env: &[(&str, &str)]) -> (f64, String) {

@@ -153,13 +153,22 @@ fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot:
         }
     };
     let bucket = ps.region.bucket(dev);
-    let since_us = feed.tick(vgpu_core::clock::unix_micros(), bucket.s.total_busy_ns.load(Relaxed));
+    // Both clocks read together: their difference tells a stepped wall clock (`Feed::tick`).
+    let (wall_us, mono_ns) = (vgpu_core::clock::unix_micros(), vgpu_core::clock::now_ns());
+    let since_us = feed.tick(wall_us, mono_ns, bucket.s.total_busy_ns.load(Relaxed));
     let samples = handle.and_then(|h| crate::driver::nvml_gpu_util_samples(h as crate::ffi::nvmlDevice_t, since_us));
-    let Some((nvml_centi, own_centi)) = feed.add(samples, snapshot, cap, now) else { return };
+    let was_on_readings = feed.on_readings;
+    let closed = feed.add(samples, snapshot, cap, now);
+    if feed.on_readings != was_on_readings {
+        let from = if feed.on_readings { "its utilization readings (no samples)" } else { "its samples" };
+        vgpu_core::debug!("device {dev}: charge calibration reads NVML's {from}");
+    }
+    let Some((nvml_centi, own_centi)) = closed else { return };
     if let Some(scale) = bucket.calibrate(Window { nvml_centi, own_centi, cap, alone: true }, now) {
         vgpu_core::debug!(
-            "device {dev}: NVML {:.1}% for {:.1}% measured under cap {cap}%: charge scale {scale}/1000",
+            "device {dev}: NVML {:.1}% ({}) for {:.1}% measured under cap {cap}%: charge scale {scale}/1000",
             nvml_centi as f64 / 100.0,
+            if feed.on_readings { "readings" } else { "samples" },
             own_centi as f64 / 100.0
         );
     }
