@@ -407,20 +407,20 @@ nvml_exports! {
                 })
                 .collect();
             *value_type = VALUE_TYPE_UNSIGNED_INT;
-            let room = *count as usize;
-            *count = list.len() as c_uint;
             if samples.is_null() {
+                *count = list.len() as c_uint;
                 return Ok(());
             }
             if list.is_empty() {
+                *count = 0;
                 return Err(NVML_ERROR_NOT_FOUND);
             }
-            if room < list.len() {
-                return Err(NVML_ERROR_INSUFFICIENT_SIZE);
-            }
-            for (i, s) in list.into_iter().enumerate() {
+            // As NVML: as many as the buffer holds (oldest first), the count says how many.
+            let n = list.len().min(*count as usize);
+            for (i, s) in list.into_iter().take(n).enumerate() {
                 samples.add(i).write(s);
             }
+            *count = n as c_uint;
             Ok(())
         })())
     }
