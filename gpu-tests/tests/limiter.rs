@@ -303,11 +303,13 @@ fn the_calibration_reads_nvml_samples_and_falls_back_to_its_readings() {
     // As above, NVML counts 300 us more after every 1 ms kernel: only the charge calibration
     // brings NVML to the cap. It reads NVML's own samples (`nvmlDeviceGetSamples`); where that
     // call fails, as on a driver without it, the one utilization reading per tick does the job.
+    // The samples come 300 ms after their period, as a driver's do some time after.
     for (fault, source) in [(None, "(samples)"), (Some("nvmlDeviceGetSamples:1*:3"), "(readings)")] {
         let s = Scratch::new("lim-nvml-samples");
         let a = artifacts();
         let mut c = mock_command(&a.sample("test_streams"), &s, true);
         c.env("MOCK_NVML_TAIL_NS", "300000").env("CUDA_DEVICE_SM_LIMIT", "30").env("LIBCUDA_LOG_LEVEL", "4");
+        c.env("MOCK_NVML_SAMPLE_LAG_MS", "300");
         c.args(["--us", "1000", "--seconds", "10"]);
         if let Some(f) = fault {
             c.env("MOCK_NVML_FAULT", f);

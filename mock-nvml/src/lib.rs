@@ -29,6 +29,18 @@ const WINDOW_NS: u64 = 1_000_000_000;
 /// busy share of the period it ends, kept as long as the busy history (`RING` buckets).
 const SAMPLE_NS: u64 = 200_000_000;
 const SAMPLE_HISTORY_NS: u64 = (RING as u64 - 1) * BUCKET_NS;
+/// How long after its period a sample becomes visible (env `MOCK_NVML_SAMPLE_LAG_MS`, default 0):
+/// a real driver hands samples over some time after the period they cover.
+fn sample_lag_ns() -> u64 {
+    static LAG: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LAG.get_or_init(|| match std::env::var("MOCK_NVML_SAMPLE_LAG_MS") {
+        Err(_) => 0,
+        Ok(v) => v.trim().parse::<u64>().map(|ms| ms.saturating_mul(1_000_000)).unwrap_or_else(|e| {
+            eprintln!("[mock-gpu] error: MOCK_NVML_SAMPLE_LAG_MS={v:?}: {e}; using 0");
+            0
+        }),
+    })
+}
 /// `nvmlSamplingType_t` NVML_GPU_UTILIZATION_SAMPLES, `nvmlValueType_t` NVML_VALUE_TYPE_UNSIGNED_INT.
 const GPU_UTILIZATION_SAMPLES: i32 = 1;
 const VALUE_TYPE_UNSIGNED_INT: i32 = 1;
@@ -394,7 +406,7 @@ nvml_exports! {
             }
             let (now, now_us) = (now_ns(), realtime_us());
             // Periods end on multiples of SAMPLE_NS of the monotonic clock; stamped in wall time.
-            let newest = now / SAMPLE_NS * SAMPLE_NS;
+            let newest = now.saturating_sub(sample_lag_ns()) / SAMPLE_NS * SAMPLE_NS;
             let list: Vec<Sample> = (0..=SAMPLE_HISTORY_NS / SAMPLE_NS)
                 .rev()
                 .filter_map(|k| newest.checked_sub(k * SAMPLE_NS))
