@@ -41,6 +41,13 @@ fn sample_lag_ns() -> u64 {
         }),
     })
 }
+/// Wall-clock microseconds at monotonic `t` by one offset taken once per process: a sample keeps
+/// the timestamp it was given, call after call, as NVML's do.
+fn wall_us_at(t: u64) -> u64 {
+    static OFFSET_NS: std::sync::OnceLock<i128> = std::sync::OnceLock::new();
+    let off = *OFFSET_NS.get_or_init(|| realtime_us() as i128 * 1000 - now_ns() as i128);
+    ((t as i128 + off).max(0) / 1000) as u64
+}
 /// `nvmlSamplingType_t` NVML_GPU_UTILIZATION_SAMPLES, `nvmlValueType_t` NVML_VALUE_TYPE_UNSIGNED_INT.
 const GPU_UTILIZATION_SAMPLES: i32 = 1;
 const VALUE_TYPE_UNSIGNED_INT: i32 = 1;
@@ -404,14 +411,14 @@ nvml_exports! {
             if kind != GPU_UTILIZATION_SAMPLES {
                 return Err(NVML_ERROR_NOT_SUPPORTED);
             }
-            let (now, now_us) = (now_ns(), realtime_us());
+            let now = now_ns();
             // Periods end on multiples of SAMPLE_NS of the monotonic clock; stamped in wall time.
             let newest = now.saturating_sub(sample_lag_ns()) / SAMPLE_NS * SAMPLE_NS;
             let list: Vec<Sample> = (0..=SAMPLE_HISTORY_NS / SAMPLE_NS)
                 .rev()
                 .filter_map(|k| newest.checked_sub(k * SAMPLE_NS))
                 .filter(|&end| end >= SAMPLE_NS)
-                .map(|end| (end, now_us.saturating_sub((now - end) / 1000)))
+                .map(|end| (end, wall_us_at(end)))
                 .filter(|&(_, ts)| ts > last_seen)
                 .map(|(end, ts)| Sample {
                     time_stamp: ts,
