@@ -264,7 +264,11 @@ impl Feed {
             if spacing >= MIN_PERIOD_US && (self.period_us == 0 || spacing < self.period_us) {
                 self.period_us = spacing;
             }
-            let span_us = spacing.min(if self.period_us == 0 { spacing } else { self.period_us }).min(MAX_SPAN_NS / 1000);
+            let span_us = match self.period_us {
+                0 => spacing,
+                p => spacing.min(p),
+            }
+            .min(MAX_SPAN_NS / 1000);
             let Some(from_ns) = self.history.at(at_us - span_us) else { continue };
             let span = Span { pct, span_ns: span_us * 1000, own_ns: busy_ns.saturating_sub(from_ns) };
             closed = self.mean.add(span, cap, now).or(closed);
