@@ -96,14 +96,6 @@ pub const MIN_LEARN_NS: u64 = 500;
 const MIN_SHARE_MILLI: u64 = 400;
 /// Deepest debt a launch may still go in beside queued work (`Meter::runs_beside_queued_work`).
 pub const BESIDE_DEBT_NS: i64 = DEBT_SLEEP_NS + super::BURST_NS;
-/// When the budget reopens, the container's processes resume this far apart (by `Meter::owner`,
-/// in `REOPEN_TURNS` turns), each with all its threads at once. Resumed at one instant, their
-/// launches reached the GPU interleaved, and the GPU, which runs one process's kernels at a time,
-/// split the kernels each process's threads ran side by side uncapped: four processes of two
-/// threads of half-GPU kernels ran at 0.228 and 0.460 of their uncapped throughput under caps of
-/// 25 and 50 in the simulator (an H100: 0.224-0.255 under 25). The bucket refills meanwhile.
-pub const REOPEN_STAGGER_NS: u64 = 50_000;
-pub const REOPEN_TURNS: u64 = 8;
 /// Slowdowns below this (x1000) are jitter, not contention.
 const SLOWDOWN_DEADBAND_MILLI: u64 = 1_150;
 
@@ -527,9 +519,8 @@ impl<E: Copy> Meter<E> {
             return Step::Go;
         };
         let cap = cap.max(1) as u64;
-        // 2. Budget: closed until the debt is repaid, for every thread alike; each process of
-        // the container resumes in its own turn after that (`REOPEN_STAGGER_NS`).
-        let closed = bucket.s.closed_until_ns.load(Relaxed).saturating_add((self.owner % REOPEN_TURNS) * REOPEN_STAGGER_NS);
+        // 2. Budget: closed until the debt is repaid, for every thread and process alike.
+        let closed = bucket.s.closed_until_ns.load(Relaxed);
         if now < closed {
             if self.runs_beside_queued_work(i, || bucket.balance(), now) {
                 return Step::Go;
