@@ -435,6 +435,11 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     let held = hold(&mut SysClock, |now| {
         // A higher-priority container has work on this GPU (node file): wait, bounded as any hold.
         if crate::node::hold_now(rt, dev, now) {
+            // Held, the container saves no more than a burst: it must not make up for the hold
+            // by running flat out in the higher-priority tenant's gaps.
+            if let Some(c) = cap.filter(|c| *c < 100) {
+                bucket.refill_to(now, c, vgpu_core::limiter::BURST_NS);
+            }
             return Step::Wait(vgpu_core::node::HOLD_POLL_NS);
         }
         let mut g = lock(dev);
@@ -444,7 +449,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
         g.meter.queue_bound_ns = crate::node::queue_bound(dev);
         // Capped containers of our priority take turns (node file): outside ours, wait.
         let turn = crate::node::turn(dev);
-        g.meter.burst_ns = turn.map_or(vgpu_core::limiter::BURST_NS, |t| t.len_ns as i64);
+        g.meter.burst_ns = turn.map(|t| t.len_ns as i64);
         // The bucket saves our share while the others run (up to our part's length), so it
         // does not cut our part short; work spilling past it still runs into debt.
         let step = match turn.map_or(0, |t| t.wait_ns(now)) {

@@ -346,9 +346,10 @@ pub struct Meter<E: Copy> {
     /// Keep at most this much estimated GPU time queued, capped or not (a higher-priority
     /// container shares the GPU: `node::LOWER_QUEUE_NS`). `None`: `QUEUE_TARGET_NS` under a cap.
     pub queue_bound_ns: Option<u64>,
-    /// How far ahead of its rate the container may save (`Bucket::refill_to`): `BURST_NS`, or
-    /// its part of the period while it takes turns with other containers (`node::Turn`).
-    pub burst_ns: i64,
+    /// How far ahead of its rate the container may save (`Bucket::refill_to`) while it takes
+    /// turns with other containers: its part of the period (`node::Turn`). `None`:
+    /// `save_ns(cap)`.
+    pub burst_ns: Option<i64>,
     pub stats: MeterStats,
 }
 
@@ -362,7 +363,7 @@ impl<E: Copy> Default for Meter<E> {
             contended: false,
             owner: 1,
             queue_bound_ns: None,
-            burst_ns: super::BURST_NS,
+            burst_ns: None,
             stats: MeterStats::default(),
         }
     }
@@ -528,7 +529,7 @@ impl<E: Copy> Meter<E> {
             self.stats.waits_budget += 1;
             return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
-        bucket.refill_to(now, cap as u32, self.burst_ns);
+        bucket.refill_to(now, cap as u32, self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32)));
         let balance = bucket.balance();
         if balance >= -DEBT_SLEEP_NS || self.runs_beside_queued_work(i, || balance, now) {
             return Step::Go;

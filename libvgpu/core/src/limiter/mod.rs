@@ -12,9 +12,10 @@
 //!   launch (`[max(previous end on the stream, submit), event time)`).
 //! * `busy`: those intervals are marked in a per-device bitmap shared by the container, so the
 //!   time charged is the union over streams and processes, whatever order they report in.
-//! * `Bucket`: the container's token bucket, refilled at cap x wall time (up to `BURST_NS`),
-//!   pays for the newly covered time. In debt, launches wait; queued work is bounded so the GPU
-//!   cannot run far past the budget before the measurements arrive.
+//! * `Bucket`: the container's token bucket, refilled at cap x wall time (up to `save_ns`),
+//!   pays for the newly covered time. In debt, launches
+//!   wait; queued work is bounded so the GPU cannot run far past the budget before the
+//!   measurements arrive.
 //! * Every wait is bounded (`MAX_HOLD_NS`): a stalled rank must not deadlock a collective.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
@@ -65,14 +66,16 @@ pub struct SharedDeviceState {
 
 const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);
 
-/// Bucket ceiling: how far ahead of its rate a container may burst, at least.
+/// Bucket ceiling, at least: how far ahead of its rate a container may burst.
 pub const BURST_NS: i64 = 4_000_000;
-/// A container idle on the GPU saves its share of this much wall time (cap% of it, when that is
-/// more than `BURST_NS`), to spend when its work comes: a training step whose host side leaves
-/// the GPU idle for 20 ms each step kept only 4 ms of the 10 ms it saved under a cap of 50 and
-/// ran at 40% (simulator; GPT-2 on an H100: 0.352 of uncapped throughput under a cap of 25, 0.378
-/// wanted). A 1-s NVML reading sees at most cap% x 1.1 of the GPU.
+/// A container idle on the GPU saves cap% of this much wall time (`save_ns`), to spend when its
+/// work comes: a training step whose host side left the GPU idle 20 ms a step kept 4 ms of the
+/// 10 it saved under a cap of 50 and ran at 40% (simulator; GPT-2 on an H100: 0.352 of uncapped
+/// throughput under a cap of 25, 0.378 wanted).
 pub const SAVE_WINDOW_NS: u64 = 100_000_000;
+/// But never more than this: the one-a-second reading NVML gives covers a 200 ms sample, and 12 ms
+/// spent at once adds at most 6 points to it (cap% of 100 ms let a 200 ms sample read 1.5 x cap).
+pub const SAVE_MAX_NS: i64 = 12_000_000;
 /// Debt tolerated before a launch waits (amortizes sleep overshoot and syscalls).
 pub const DEBT_SLEEP_NS: i64 = 1_000_000;
 /// Longest a single launch may be held back, all waits included.
@@ -107,6 +110,11 @@ pub struct Bucket<'a> {
     pub map: &'a BusyMap,
 }
 
+/// How much budget a container capped at `cap`% may save while idle on the GPU.
+pub fn save_ns(cap: u32) -> i64 {
+    ((SAVE_WINDOW_NS * cap.min(100) as u64 / 100) as i64).clamp(BURST_NS, SAVE_MAX_NS)
+}
+
 impl<'a> Bucket<'a> {
     pub fn new(s: &'a SharedDeviceState, map: &'a BusyMap) -> Self {
         Bucket { s, map }
@@ -120,11 +128,11 @@ impl Bucket<'_> {
         self.refill_to(now, cap, BURST_NS)
     }
 
-    /// `refill`, clamped to `burst_ns` (at least `BURST_NS`, and cap% of `SAVE_WINDOW_NS`): a
-    /// container taking turns with others saves its share while they run, to spend it in its
-    /// own part of the period.
+    /// `refill`, clamped to `burst_ns` (at least `BURST_NS`): `save_ns(cap)` for a capped
+    /// container, or its part of the period while it takes turns with others (it saves its
+    /// share while they run, to spend it in its own part).
     pub fn refill_to(&self, now: u64, cap: u32, burst_ns: i64) {
-        let burst = burst_ns.max(BURST_NS).max((SAVE_WINDOW_NS * cap.min(100) as u64 / 100) as i64);
+        let burst = burst_ns.max(BURST_NS);
         let last = self.s.refilled_at_ns.load(Relaxed);
         if now <= last || (last != 0 && now - last < REFILL_MIN_NS) {
             return;
