@@ -70,11 +70,12 @@ const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);
 pub const BURST_NS: i64 = 4_000_000;
 /// A container idle on the GPU saves cap% of this much wall time (`save_ns`), to spend when its
 /// work comes: a training step whose host side left the GPU idle 20 ms a step kept 4 ms of the
-/// 10 it saved under a cap of 50 and ran at 40% (simulator; GPT-2 on an H100: 0.352 of uncapped
-/// throughput under a cap of 25, 0.378 wanted).
+/// 10 it saved under a cap of 50 and ran at 40% (simulator).
 pub const SAVE_WINDOW_NS: u64 = 100_000_000;
-/// But never more than this: the one-a-second reading NVML gives covers a 200 ms sample, and 12 ms
-/// spent at once adds at most 6 points to it (cap% of 100 ms let a 200 ms sample read 1.5 x cap).
+/// But never more than this: 12 ms spent at once adds at most 6 points to a 200 ms NVML sample
+/// (cap% of 100 ms let one read 1.5 x cap). The one-a-second reading covers a 200 ms sample or
+/// less (an H100's readings strayed past every sample of the same seconds); 100 ms windows may
+/// read up to 10 points over the cap right after a long idle (simulator).
 pub const SAVE_MAX_NS: i64 = 12_000_000;
 /// Debt tolerated before a launch waits (amortizes sleep overshoot and syscalls).
 pub const DEBT_SLEEP_NS: i64 = 1_000_000;
