@@ -71,10 +71,9 @@ fn sigkill_at_random_moments() {
         let probe;
         if KINDS[kind] == "lock" {
             victim.expect_line("retaining", Duration::from_secs(20));
-            // the hook takes the device lock right after; the survivor's probe, which creates a
-            // context first, queues behind it
+            // the hook takes the device lock right after; the survivor's probe queues behind it
             std::thread::sleep(Duration::from_millis(50));
-            survivor.send("probe_ctx");
+            survivor.send("probe");
             let early = survivor.wait_line("probe", Duration::from_millis(150));
             victim.sigkill();
             t_kill = Instant::now();

@@ -591,7 +591,7 @@ fn alloc_exit() {
 /// and synchronizes, and prints how long that took. `quit` frees and exits.
 fn survivor() {
     let cu = Cu::load();
-    let primary = cu.open();
+    cu.open();
     let f = cu.empty_kernel();
     let (r, held) = cu.alloc(env_u64("STRESS_HOLD", 256 * MIB));
     assert_eq!(r, 0, "survivor hold");
@@ -599,20 +599,8 @@ fn survivor() {
     let stdin = std::io::stdin();
     for line in stdin.lock().lines().map_while(Result::ok) {
         match line.trim() {
-            // `probe_ctx`: first a context of its own, created and destroyed: the hook measures
-            // a context's memory under the region's device lock (allocations take no lock).
-            cmd @ ("probe" | "probe_ctx") => {
+            "probe" => {
                 let t = Instant::now();
-                if cmd == "probe_ctx" {
-                    // SAFETY: the (mock) driver; the primary context is made current again.
-                    unsafe {
-                        let mut c = std::ptr::null_mut();
-                        let rc = (cu.ctx_create)(&mut c, 0, 0);
-                        assert_eq!(rc, 0, "cuCtxCreate");
-                        assert_eq!((cu.ctx_destroy)(c), 0, "cuCtxDestroy");
-                        assert_eq!((cu.set_current)(primary as *mut c_void), 0);
-                    }
-                }
                 let (ra, p) = cu.alloc(64 * MIB);
                 let alloc_us = t.elapsed().as_micros();
                 let rf = if ra == 0 { cu.free(p) } else { -1 };

@@ -7,11 +7,9 @@
 //! on for a dead process: the kernel drops a dead holder's locks.
 //!
 //! Memory ordering: usage counters are changed with atomic RMWs (AcqRel) and read with Acquire.
-//! `try_reserve` publishes its bytes as in flight, fences (SeqCst) and sums usage plus in-flight
-//! bytes before it adds (no lock): of two racers at least one sees the other. It bumps
-//! `mem_adds` before adding, and `device_used` retries a sum across which it moved: a release read
-//! too early beside the add it made room for would over-count. Releases are lock-free saturating
-//! subtracts that only lower the sum. A slot's `status` is stored last (Release) when a slot is
+//! The check-then-add of `try_reserve` is serialized by the device lock (Mutex + fcntl are full
+//! barriers); releases are lock-free saturating subtracts that only lower the sum, so a concurrent
+//! reader can only over-estimate usage. A slot's `status` is stored last (Release) when a slot is
 //! taken and read first (Acquire) by readers. A memory cap is two words (`mem_capped[d]`, `limit[d]`):
 //! a cap is set value-then-flag and cleared flag-then-value, read flag-then-value, so a reader sees
 //! the old or the new cap, never an uncapped device that should be capped.
@@ -208,10 +206,10 @@ pub const UTIL_WINDOW_NS: u64 = 2_000_000_000;
 
 /// How long a hooked call may wait for a region lock held by another process (or thread) before
 /// it goes on without it. Correctness never depends on getting the lock in time: reservations
-/// take no lock (see [`Region::try_reserve`]), so a stopped holder delays nobody past this.
+/// add-then-check (see [`Region::try_reserve`]), so a stopped holder delays nobody past this.
 pub const LOCK_BOUND: Duration = Duration::from_millis(500);
 /// After a device lock timed out, further attempts within this time wait only `STALL_WAIT` (a
-/// stopped holder costs one bound, not one per context); the first success clears it.
+/// stopped holder costs one bound, not one per allocation); the first success clears it.
 const STALL_MEMORY_NS: u64 = 5_000_000_000;
 const STALL_WAIT: Duration = Duration::from_millis(10);
 
@@ -1098,7 +1096,7 @@ impl Region {
         let began = seq_begin(p);
         for d in 0..MAX_DEVICES {
             let u = &p.used[d];
-            for a in [&u.context_size, &u.module_size, &u.data_size, &u.offset, &u.total, &u.unused[0]] {
+            for a in [&u.context_size, &u.module_size, &u.data_size, &u.offset, &u.total] {
                 a.store(0, Release);
             }
             p.monitorused[d].store(0, Relaxed);
@@ -1276,9 +1274,10 @@ impl Region {
         seq_end(p, began);
     }
 
-    /// Reserve `bytes` on `dev` for `slot` if the device stays within its cap. Lock-free and
-    /// free of system calls either way: an uncapped device has nothing to check; a capped one
-    /// publishes the bytes as in flight before checking (`reserve_checked`).
+    /// Reserve `bytes` on `dev` for `slot` if the device stays within its cap. An uncapped
+    /// device has nothing to check: the charge is a lock-free add, so the allocation path costs
+    /// no system call there. A capped one takes the device lock, waiting at most [`LOCK_BOUND`]
+    /// for it; without it the reservation is still exact (add-then-check).
     pub fn try_reserve(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<(), ReserveError> {
         self.try_reserve_used(slot, dev, kind, bytes).map(|_| ())
     }
@@ -1289,57 +1288,40 @@ impl Region {
         if dev >= MAX_DEVICES {
             return Err(ReserveError::BadDevice(dev));
         }
-        self.reserve_checked(slot, dev, kind, bytes)
+        if self.limit(dev).is_none() {
+            self.add(slot, dev, kind, bytes);
+            return Ok(None);
+        }
+        match self.lock_device(dev) {
+            Ok(g) => g.r.reserve_checked(slot, dev, kind, bytes),
+            Err(RegionError::Busy(_)) => self.reserve_checked(slot, dev, kind, bytes),
+            Err(e) => Err(ReserveError::Lock(e.to_string())),
+        }
     }
 
-    /// Publish the bytes as in flight in our slot (`used[dev].unused[0]`, which HAMi's readers
-    /// ignore), fence (SeqCst), sum every slot's usage and in-flight bytes, and only then either
-    /// add them to our usage or take them back: of any two reservations at least one sees the
-    /// other, so usage never passes the cap, not even for an instant (adding first and backing
-    /// out let a monitor see over-cap sums), and no lock is needed (the device lock's two
-    /// `fcntl` calls were 2 us of a 100 us malloc+free on an H100). Racers for the last bytes may
-    /// both be refused; the callers try once more. Reaps dead slots (without waiting) before
-    /// refusing.
+    /// Add, then check the sum: of two processes racing for the last bytes at least one sees
+    /// both charges (SeqCst fences), so the cap holds with or without the device lock; the lock
+    /// only spares racers a needless refusal. Reaps dead slots (without waiting) before refusing.
     fn reserve_checked(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<Option<(u64, u64)>, ReserveError> {
         let Some(limit) = self.limit(dev) else {
             self.add(slot, dev, kind, bytes);
             return Ok(None);
         };
-        if !self.owns(slot) {
-            return Ok(Some((self.device_used(dev), limit)));
-        }
-        let flight = &self.slot(slot).used[dev].unused[0];
         let mut used = 0;
         for attempt in 0..2 {
-            let _ = flight.fetch_update(SeqCst, SeqCst, |x| Some(x.saturating_add(bytes)));
+            self.add(slot, dev, kind, bytes);
             std::sync::atomic::fence(SeqCst);
-            let claimed = self.device_claimed(dev);
-            if claimed <= limit {
-                // Bump before adding (`device_used` retries across it); usage before leaving
-                // flight (a reader in between counts the bytes twice, never zero times).
-                self.ext_header().mem_adds.fetch_add(1, SeqCst);
-                self.add(slot, dev, kind, bytes);
-                sat_sub(flight, bytes);
-                return Ok(Some((claimed, limit)));
+            let total = self.device_used(dev);
+            if total <= limit || !self.owns(slot) {
+                return Ok(Some((total, limit)));
             }
-            sat_sub(flight, bytes);
-            used = claimed.saturating_sub(bytes);
+            self.release(slot, dev, kind, bytes);
+            used = total.saturating_sub(bytes);
             if attempt == 1 || self.reap_dead_nowait() == 0 {
                 break;
             }
         }
         Err(ReserveError::OverLimit { used, limit, requested: bytes })
-    }
-
-    /// Usage of `dev` by every live slot plus the bytes reservations have in flight. Each slot's
-    /// in-flight bytes are read before its usage: a reservation adds to its usage before taking
-    /// them out of flight, so a reader never misses them.
-    fn device_claimed(&self, dev: usize) -> u64 {
-        (0..self.proc_num_clamped()).filter(|&i| self.counts(i)).fold(0u64, |acc, i| {
-            let u = &self.v1().procs[i].used[dev];
-            let flight = u.unused[0].load(SeqCst);
-            acc.saturating_add(flight).saturating_add(u.total.load(SeqCst))
-        })
     }
 
     /// Charge unconditionally (usage that already exists, e.g. a measured context), even past
@@ -1368,29 +1350,14 @@ impl Region {
         seq_end(p, began);
     }
 
-    /// Bytes used on `dev` by every live slot: a sum no reservation added to while it was read
-    /// (retried while `mem_adds` moves, a bounded number of times; then the smallest sum read,
-    /// since a torn sum only over-counts).
+    /// Bytes used on `dev` by every live slot.
     pub fn device_used(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
         }
-        let adds = &self.ext_header().mem_adds;
-        let sum = || {
-            (0..self.proc_num_clamped())
-                .filter(|&i| self.counts(i))
-                .fold(0u64, |acc, i| acc.saturating_add(self.v1().procs[i].used[dev].total.load(Acquire)))
-        };
-        let mut least = u64::MAX;
-        for _ in 0..64 {
-            let before = adds.load(SeqCst);
-            let s = sum();
-            if adds.load(SeqCst) == before {
-                return s;
-            }
-            least = least.min(s);
-        }
-        least
+        (0..self.proc_num_clamped())
+            .filter(|&i| self.counts(i))
+            .fold(0u64, |acc, i| acc.saturating_add(self.v1().procs[i].used[dev].total.load(Acquire)))
     }
 
     pub fn proc_used(&self, slot: SlotId, dev: usize) -> u64 {

@@ -99,11 +99,7 @@ pub struct ExtHeader {
     pub soft_sm_limit: [AtomicU32; MAX_DEVICES],
     /// Physical memory of each device as last reported (0 = unknown).
     pub physical_total: [AtomicU64; MAX_DEVICES],
-    /// Bumped before every memory reservation adds to a slot's usage (`Region::try_reserve`):
-    /// a reader summing the slots retries while it moves, so it never sums a release it read
-    /// too early with an add that release made room for.
-    pub mem_adds: AtomicU64,
-    pub reserved: [AtomicU64; 12],
+    pub reserved: [AtomicU64; 13],
 }
 
 /// Our per-slot extension (64 bytes), parallel to `procs[]`.
