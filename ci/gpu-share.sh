@@ -4,7 +4,7 @@
 # bench/py/share.py, which samples NVML each second and reads the program's throughput:
 # utilization within 3 points of min(cap, u0) (every second within 8), throughput within 5% of
 # min(1, cap/u0). Runs from the dist/ tree (ci/package-gpu.sh). Logs: $OUT/share.jsonl.
-# usage: gpu-share.sh [section ...]   sections: threads sync streams repeat random procs torch compile
+# usage: gpu-share.sh [section ...]   sections: threads sync streams repeat random procs torch compile frameworks
 #                                     (default: all); env THREADS, STREAMS, TORCH_KINDS narrow threads/streams/torch
 #        gpu-share.sh overlap         not judged: how the kernels of 2 threads / 2 streams sat on the GPU
 #                                     uncapped and at caps 25 and 50 (test_streams --trace, read by
@@ -16,7 +16,7 @@ S=$DIST/samples
 PY="python3 $DIST/bench/py/share.py"
 W="python3 $DIST/bench/py/workloads.py"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(threads sync streams repeat random procs torch compile)
+[ ${#sections[@]} -eq 0 ] && sections=(threads sync streams repeat random procs torch compile frameworks)
 fails=0
 run() { "$@" || fails=$((fails + 1)); }
 ts() { "$S/test_streams" --progress --seconds 600 "$@"; }
@@ -32,6 +32,7 @@ for sec in "${sections[@]}"; do
     procs) run $PY --name four_procs_threads_2 --procs 4 -- $S/test_streams --progress --seconds 600 --threads 2 --us 1000 ;;
     torch) for k in ${TORCH_KINDS:-matmul gpt2 resnet graph}; do run $PY --name "torch_$k" -- $W $k; done ;;
     compile) run $PY --name torch_compile -- $W compile ;;
+    frameworks) for k in jax cupy; do run $PY --name "$k" -- $W $k; done ;;
     overlap)
         for args in "--threads 2" "--threads 2 --sync-by event" "--threads 2 --sync-by query" "--streams 2 --sync-every 0"; do
             for cap in none 25 50; do

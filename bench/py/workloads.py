@@ -6,16 +6,28 @@ usage: workloads.py KIND [--seconds S]
   resnet   torchvision ResNet-50 training on random data, batch 64, bf16 autocast, SGD
   graph    batch-1 ResNet-50 inference replayed from a CUDA graph, synchronize each request
   compile  a torch.compile'd transformer block (Triton kernels) training step
+  jax      a jitted JAX MLP training step (XLA's own kernels and command buffers), bf16, SGD
+  cupy     CuPy: cuBLAS matmul, an NVRTC-compiled elementwise kernel and a reduction, in a loop,
+           synchronize every 10
 Prints `progress t=<time.monotonic()> n=<steps>` about every 250 ms (after warm-up), until
 killed or S seconds pass (default: forever).
 """
 import sys
 import time
 
-import torch
+torch = None  # imported by the PyTorch kinds only (a JAX or CuPy run never loads it)
+SYNC = []  # the kind's "wait for the device" (set by the kind's builder)
+
+
+def use_torch():
+    global torch
+    import torch as t
+    torch = t
+    SYNC.append(torch.cuda.synchronize)
 
 
 def matmul():
+    use_torch()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(a)
@@ -44,6 +56,7 @@ def training(loss_fn, opt):
 
 
 def gpt2():
+    use_torch()
     from transformers import GPT2Config, GPT2LMHeadModel
     model = GPT2LMHeadModel(GPT2Config()).cuda()
     x = torch.randint(0, 50257, (8, 512), device="cuda")
@@ -51,6 +64,7 @@ def gpt2():
 
 
 def resnet():
+    use_torch()
     import torchvision
     model = torchvision.models.resnet50().cuda()
     x = torch.randn(64, 3, 224, 224, device="cuda")
@@ -60,6 +74,7 @@ def resnet():
 
 
 def graph():
+    use_torch()
     import torchvision
     model = torchvision.models.resnet50().cuda().eval().half()
     x = torch.randn(1, 3, 224, 224, device="cuda", dtype=torch.half)
@@ -81,13 +96,62 @@ def graph():
 
 
 def compiled():
+    use_torch()
     layer = torch.nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True).cuda()
     model = torch.compile(layer)
     x = torch.randn(16, 512, 1024, device="cuda")
     return training(lambda: model(x).float().pow(2).mean(), torch.optim.AdamW(layer.parameters(), lr=1e-4))
 
 
-KINDS = dict(matmul=matmul, gpt2=gpt2, resnet=resnet, graph=graph, compile=compiled)
+def jax_mlp():
+    import os
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+    import jax.numpy as jnp
+    key = jax.random.PRNGKey(0)
+    sizes = [2048, 8192, 8192, 2048]
+    params = [jax.random.normal(k, (a, b), jnp.bfloat16) * 0.02
+              for k, a, b in zip(jax.random.split(key, 3), sizes, sizes[1:])]
+    x = jax.random.normal(key, (4096, sizes[0]), jnp.bfloat16)
+    y = jax.random.normal(key, (4096, sizes[-1]), jnp.bfloat16)
+
+    def loss(ps):
+        h = x
+        for w in ps[:-1]:
+            h = jax.nn.gelu(h @ w)
+        return jnp.mean(((h @ ps[-1]) - y).astype(jnp.float32) ** 2)
+
+    @jax.jit
+    def update(ps):
+        v, g = jax.value_and_grad(loss)(ps)
+        return [p - 1e-3 * gp for p, gp in zip(ps, g)], v
+
+    state = [params]
+    SYNC.append(lambda: jax.block_until_ready(state[0]))
+
+    def step():
+        state[0], v = update(state[0])
+        float(v)  # the loss read back, as a training loop logs it
+    return step
+
+
+def cupy_loop():
+    import cupy as cp
+    a = cp.random.rand(4096, 4096, dtype=cp.float32)
+    b = cp.random.rand(4096, 4096, dtype=cp.float32)
+    axpb = cp.ElementwiseKernel("float32 x, float32 y", "float32 z", "z = x * 0.5f + sinf(y)", "axpb")
+    SYNC.append(cp.cuda.Device().synchronize)
+    i = [0]
+
+    def step():
+        c = a @ b
+        d = axpb(c, a)
+        float(d[:64, :64].sum()) if i[0] % 10 == 9 else d.sum()
+        i[0] += 1
+    return step
+
+
+KINDS = dict(matmul=matmul, gpt2=gpt2, resnet=resnet, graph=graph, compile=compiled, jax=jax_mlp, cupy=cupy_loop)
 
 
 def main():
@@ -96,7 +160,7 @@ def main():
     step = KINDS[kind]()
     for _ in range(5):  # warm-up: allocator, cuBLAS/cuDNN autotuning, compilation
         step()
-    torch.cuda.synchronize()
+    SYNC[0]()
     n, t0 = 0, time.monotonic()
     last = 0.0
     while time.monotonic() - t0 < secs:
