@@ -123,11 +123,10 @@ fn filesystem_filling_after_creation_kills_no_later_process() {
     }
 }
 
-/// Whether another process holds device 0's region lock.
+/// Whether another (live) process holds device 0's region lock.
 fn device_lock_held(region: &Path) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(f) = std::fs::File::open(region) else { return false };
-    vgpu_core::region::lock_held_by_other(f.as_raw_fd(), vgpu_core::region::LOCK_DEVICE)
+    let Ok(r) = vgpu_core::region::Region::open_existing(region) else { return false };
+    r.device_lock_holder(0).is_some_and(|h| h != std::process::id())
 }
 
 #[test]

@@ -1,24 +1,26 @@
 //! The shared region: one mmapped file per container (`CUDA_DEVICE_MEMORY_SHARED_CACHE`), HAMi's v1
 //! `shared_region_t` byte for byte followed by our extension (layout in [`layout`]).
 //!
-//! Locking (design.md): OFD byte-range locks beyond the data (kernel-released on death) plus
-//! in-process mutexes. Lock order: a device lock may be followed by the table lock (reaping inside
-//! `try_reserve`); nothing takes a device lock while holding the table lock. No lock is ever waited
-//! on for a dead process: the kernel drops a dead holder's locks.
+//! Locking (design.md): the slot table's lock is an OFD byte-range lock beyond the data
+//! (kernel-released on death) plus an in-process mutex; a device ledger's lock is one word in the
+//! region ([`ledger_lock`]: a compare-and-swap, taken over from a dead holder). Lock order: a
+//! device lock may be followed by the table lock (reaping inside `try_reserve`); nothing takes a
+//! device lock while holding the table lock. No lock is ever waited on for a dead process.
 //!
 //! Memory ordering: usage counters are changed with atomic RMWs (AcqRel) and read with Acquire.
-//! The check-then-add of `try_reserve` is serialized by the device lock (Mutex + fcntl are full
-//! barriers); releases are lock-free saturating subtracts that only lower the sum, so a concurrent
+//! The check-then-add of `try_reserve` is serialized by the device lock (its compare-and-swaps
+//! order it); releases are lock-free saturating subtracts that only lower the sum, so a concurrent
 //! reader can only over-estimate usage. A slot's `status` is stored last (Release) when a slot is
 //! taken and read first (Acquire) by readers. A memory cap is two words (`mem_capped[d]`, `limit[d]`):
 //! a cap is set value-then-flag and cleared flag-then-value, read flag-then-value, so a reader sees
 //! the old or the new cap, never an uncapped device that should be capped.
 
 pub mod layout;
+pub mod ledger_lock;
 pub(crate) mod lock;
 
 pub use layout::*;
-pub use lock::{held_by_other as lock_held_by_other, LOCK_BASE, LOCK_DEVICE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
+pub use lock::{held_by_other as lock_held_by_other, LOCK_BASE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
 
 use crate::config::Config;
 use crate::limiter::SharedDeviceState;
@@ -228,7 +230,9 @@ pub struct Region {
     /// What a user handle asked for at open (re-attach opens the replacement with it).
     init: Option<RegionInit>,
     table_mu: Mutex<()>,
-    dev_mu: [Mutex<()>; MAX_DEVICES],
+    /// This process's id as a ledger lock value (asked once, and again in a forked child:
+    /// getpid is a system call).
+    me: AtomicU64,
     /// `clock::now_ns` until which device d's lock is known stuck (try once, never wait).
     dev_stall_until: [AtomicU64; MAX_DEVICES],
     /// Slots registered by this handle, by index of the current mapping.
@@ -374,10 +378,6 @@ fn ident_of(meta: &std::fs::Metadata) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
-fn new_mutexes() -> [Mutex<()>; MAX_DEVICES] {
-    std::array::from_fn(|_| Mutex::new(()))
-}
-
 /// Take an in-process mutex, waiting at most until `deadline` (poison is ignored: the data it
 /// guards lives in the region and is always consistent).
 fn lock_mu_until(m: &Mutex<()>, deadline: Instant) -> Option<MutexGuard<'_, ()>> {
@@ -422,19 +422,19 @@ impl Drop for TableGuard<'_> {
     }
 }
 
-/// Device ledger lock held; reservations through it are serialized with every other process.
+/// Device ledger lock held; reservations through it are serialized with every other process and
+/// thread.
 pub struct DeviceGuard<'a> {
     r: &'a Region,
     dev: usize,
-    fd: Option<RawFd>,
-    _g: MutexGuard<'a, ()>,
+    /// The word taken, in the mapping it was taken in (a re-attach keeps that mapping alive).
+    word: &'a AtomicU64,
+    me: u64,
 }
 
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        if let Some(fd) = self.fd {
-            lock::unlock(fd, LOCK_DEVICE + self.dev as i64);
-        }
+        ledger_lock::give(self.word, self.me);
     }
 }
 
@@ -579,7 +579,7 @@ impl Region {
             path,
             init: None,
             table_mu: Mutex::new(()),
-            dev_mu: new_mutexes(),
+            me: AtomicU64::new(ledger_lock::own_id()),
             dev_stall_until: std::array::from_fn(|_| AtomicU64::new(0)),
             owned: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             slot_map: (0..MAX_PROCS as u32).map(AtomicU32::new).collect(),
@@ -769,7 +769,7 @@ impl Region {
     /// inherited from the parent are not ours; the caller registers again.
     pub fn after_fork_child(&mut self) -> Result<(), RegionError> {
         self.table_mu = Mutex::new(());
-        self.dev_mu = new_mutexes();
+        self.me.store(ledger_lock::own_id(), Relaxed);
         let inherited = std::mem::take(&mut *self.keep_lock());
         self.keep = Mutex::new(inherited);
         for o in self.owned.iter() {
@@ -961,26 +961,29 @@ impl Region {
     /// Take device `dev`'s ledger lock, waiting at most [`LOCK_BOUND`] (`Busy` then; once a
     /// holder was found stuck, later attempts within a few seconds do not wait at all).
     pub fn lock_device(&self, dev: usize) -> Result<DeviceGuard<'_>, RegionError> {
-        let m = self.dev_mu.get(dev).ok_or(RegionError::BadDevice(dev))?;
+        if dev >= MAX_DEVICES {
+            return Err(RegionError::BadDevice(dev));
+        }
         let now = crate::clock::now_ns();
         let stalled = now < self.dev_stall_until[dev].load(Relaxed);
         let deadline = Instant::now() + if stalled { STALL_WAIT } else { LOCK_BOUND };
-        let fd = self.fd();
-        match lock_both(m, fd, LOCK_DEVICE + dev as i64, deadline, "device") {
-            Ok(g) => {
-                if stalled {
-                    self.dev_stall_until[dev].store(0, Relaxed);
-                }
-                Ok(DeviceGuard { r: self, dev, fd, _g: g })
+        let (word, me) = (&self.limiter(dev).ledger_lock, self.me.load(Relaxed));
+        if ledger_lock::take_until(word, me, deadline, ledger_lock::holder_alive) {
+            if stalled {
+                self.dev_stall_until[dev].store(0, Relaxed);
             }
-            Err(e) => {
-                if matches!(e, RegionError::Busy(_)) && !stalled {
-                    self.dev_stall_until[dev].store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);
-                    crate::warn!("device {dev}: region lock held past {} ms by another process (stopped?); going on without it", LOCK_BOUND.as_millis());
-                }
-                Err(e)
-            }
+            return Ok(DeviceGuard { r: self, dev, word, me });
         }
+        if !stalled {
+            self.dev_stall_until[dev].store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);
+            crate::warn!("device {dev}: region lock held past {} ms by another process (stopped?); going on without it", LOCK_BOUND.as_millis());
+        }
+        Err(RegionError::Busy("device"))
+    }
+
+    /// The live process holding device `dev`'s ledger lock, if any (tools and tests).
+    pub fn device_lock_holder(&self, dev: usize) -> Option<u32> {
+        (dev < MAX_DEVICES).then(|| ledger_lock::holder(&self.limiter(dev).ledger_lock)).flatten().map(|h| h as u32)
     }
 
     // ---------- process slots ----------

@@ -60,8 +60,10 @@ pub struct SharedDeviceState {
     pub charge_scale_milli: AtomicU64,
     /// When the scale last stepped (clock::now_ns): one step a second per container.
     pub calibrated_at_ns: AtomicU64,
+    /// The device's memory ledger lock (`region::ledger_lock`): 0 free, else the holder's pid.
+    pub ledger_lock: AtomicU64,
     /// Room to grow without changing the extension layout.
-    pub reserved: [AtomicU64; 3],
+    pub reserved: [AtomicU64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<SharedDeviceState>() == 128);

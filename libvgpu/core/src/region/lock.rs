@@ -10,8 +10,8 @@ use std::os::fd::RawFd;
 pub const LOCK_BASE: i64 = 1 << 40;
 /// Slot table (register/unregister/reap, initialization).
 pub const LOCK_TABLE: i64 = LOCK_BASE;
-/// Device d's ledger: `LOCK_DEVICE + d`.
-pub const LOCK_DEVICE: i64 = LOCK_BASE + 1;
+// LOCK_BASE + 1 ..= + 16 were the device ledgers' bytes (now `ledger_lock` words): left unused, so
+// an older build's byte lock never meets a newer lock here.
 /// Every process using the region holds a read lock here for its lifetime; a write lock that can
 /// be taken proves nobody lives on the file (safe to recreate it).
 pub const LOCK_LIVENESS: i64 = LOCK_BASE + 48;
