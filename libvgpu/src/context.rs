@@ -41,7 +41,7 @@ fn with_context_charge(rt: &Runtime, ps: &ProcState, dev: usize, create: impl Fn
     undo: impl FnOnce(), on_success: impl FnOnce(&mut Contexts, u64)) -> CUresult {
     // Measure under the device lock so no other process of the container changes the device's
     // usage meanwhile through us.
-    let guard = match ps.region.lock_device(dev) {
+    let guard = match ps.region.lock_device_for(dev, ps.slot) {
         Ok(g) => Some(g),
         Err(e) => {
             vgpu_core::warn!("context on device {dev}: device lock failed ({e}); charging without it");

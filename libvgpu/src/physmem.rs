@@ -47,7 +47,7 @@ static POOLS_DIRTY: AtomicBool = AtomicBool::new(false);
 /// Charge (`delta > 0`, unconditional: the device holds it already) or release on `dev`.
 fn adjust(ps: &ProcState, dev: usize, from: u64, to: u64) {
     if to > from {
-        match ps.region.lock_device(dev) {
+        match ps.region.lock_device_for(dev, ps.slot) {
             Ok(g) => g.charge(ps.slot, MemKind::Data, to - from),
             Err(e) => vgpu_core::error!("device {dev}: {} bytes held by the device could not be charged: {e}", to - from),
         }

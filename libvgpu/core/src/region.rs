@@ -2,8 +2,9 @@
 //! `shared_region_t` byte for byte followed by our extension (layout in [`layout`]).
 //!
 //! Locking (design.md): the slot table's lock is an OFD byte-range lock beyond the data
-//! (kernel-released on death) plus an in-process mutex; a device ledger's lock is one word in the
-//! region ([`ledger_lock`]: a compare-and-swap, taken over from a dead holder). Lock order: a
+//! (kernel-released on death) plus an in-process mutex; a device ledger's lock is an in-process
+//! mutex plus one word in the region ([`ledger_lock`]: a compare-and-swap, taken over from a
+//! holder whose slot or process is gone). Lock order: a
 //! device lock may be followed by the table lock (reaping inside `try_reserve`); nothing takes a
 //! device lock while holding the table lock. No lock is ever waited on for a dead process.
 //!
@@ -230,9 +231,8 @@ pub struct Region {
     /// What a user handle asked for at open (re-attach opens the replacement with it).
     init: Option<RegionInit>,
     table_mu: Mutex<()>,
-    /// This process's id as a ledger lock value (asked once, and again in a forked child:
-    /// getpid is a system call).
-    me: AtomicU64,
+    /// Device ledger locks among this handle's threads (the word excludes other processes).
+    dev_mu: [Mutex<()>; MAX_DEVICES],
     /// `clock::now_ns` until which device d's lock is known stuck (try once, never wait).
     dev_stall_until: [AtomicU64; MAX_DEVICES],
     /// Slots registered by this handle, by index of the current mapping.
@@ -427,14 +427,18 @@ impl Drop for TableGuard<'_> {
 pub struct DeviceGuard<'a> {
     r: &'a Region,
     dev: usize,
-    /// The word taken, in the mapping it was taken in (a re-attach keeps that mapping alive).
-    word: &'a AtomicU64,
-    me: u64,
+    /// The word taken and the token written there, in the mapping it was taken in (a re-attach
+    /// keeps that mapping alive); none in a private region.
+    word: Option<(&'a AtomicU64, u64)>,
+    _mu: MutexGuard<'a, ()>,
 }
 
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        ledger_lock::give(self.word, self.me);
+        // The word before the mutex (fields drop after this).
+        if let Some((word, token)) = self.word {
+            ledger_lock::give(word, token);
+        }
     }
 }
 
@@ -579,7 +583,7 @@ impl Region {
             path,
             init: None,
             table_mu: Mutex::new(()),
-            me: AtomicU64::new(ledger_lock::own_id()),
+            dev_mu: std::array::from_fn(|_| Mutex::new(())),
             dev_stall_until: std::array::from_fn(|_| AtomicU64::new(0)),
             owned: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             slot_map: (0..MAX_PROCS as u32).map(AtomicU32::new).collect(),
@@ -769,7 +773,9 @@ impl Region {
     /// inherited from the parent are not ours; the caller registers again.
     pub fn after_fork_child(&mut self) -> Result<(), RegionError> {
         self.table_mu = Mutex::new(());
-        self.me.store(ledger_lock::own_id(), Relaxed);
+        // Held by a parent thread at fork time, they are the parent's, as is a private region's
+        // copy of its words (a private region uses the mutexes only).
+        self.dev_mu = std::array::from_fn(|_| Mutex::new(()));
         let inherited = std::mem::take(&mut *self.keep_lock());
         self.keep = Mutex::new(inherited);
         for o in self.owned.iter() {
@@ -958,21 +964,37 @@ impl Region {
         self.lock_table_until(Instant::now() + LOCK_BOUND)
     }
 
-    /// Take device `dev`'s ledger lock, waiting at most [`LOCK_BOUND`] (`Busy` then; once a
-    /// holder was found stuck, later attempts within a few seconds do not wait at all).
+    /// Take device `dev`'s ledger lock as a process without a slot (a tool), waiting at most
+    /// [`LOCK_BOUND`] (`Busy` then; once a holder was found stuck, later attempts within a few
+    /// seconds do not wait at all).
     pub fn lock_device(&self, dev: usize) -> Result<DeviceGuard<'_>, RegionError> {
-        if dev >= MAX_DEVICES {
-            return Err(RegionError::BadDevice(dev));
-        }
+        self.lock_device_as(dev, None)
+    }
+
+    /// `lock_device` as the holder of `slot` (its lifetime lock tells waiters it is alive).
+    pub fn lock_device_for(&self, dev: usize, slot: SlotId) -> Result<DeviceGuard<'_>, RegionError> {
+        self.lock_device_as(dev, Some(slot))
+    }
+
+    fn lock_device_as(&self, dev: usize, slot: Option<SlotId>) -> Result<DeviceGuard<'_>, RegionError> {
+        let m = self.dev_mu.get(dev).ok_or(RegionError::BadDevice(dev))?;
         let now = crate::clock::now_ns();
         let stalled = now < self.dev_stall_until[dev].load(Relaxed);
         let deadline = Instant::now() + if stalled { STALL_WAIT } else { LOCK_BOUND };
-        let (word, me) = (&self.limiter(dev).ledger_lock, self.me.load(Relaxed));
-        if ledger_lock::take_until(word, me, deadline, ledger_lock::holder_alive) {
+        let taken = lock_mu_until(m, deadline).and_then(|mu| {
+            if self.fd().is_none() {
+                return Some(DeviceGuard { r: self, dev, word: None, _mu: mu });
+            }
+            let word = &self.limiter(dev).ledger_lock;
+            let token = self.holder_token(slot).token();
+            ledger_lock::take_until(word, token, deadline, |t| self.ledger_holder_alive(ledger_lock::Holder::of(t)))
+                .then_some(DeviceGuard { r: self, dev, word: Some((word, token)), _mu: mu })
+        });
+        if let Some(g) = taken {
             if stalled {
                 self.dev_stall_until[dev].store(0, Relaxed);
             }
-            return Ok(DeviceGuard { r: self, dev, word, me });
+            return Ok(g);
         }
         if !stalled {
             self.dev_stall_until[dev].store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);
@@ -981,9 +1003,41 @@ impl Region {
         Err(RegionError::Busy("device"))
     }
 
-    /// The live process holding device `dev`'s ledger lock, if any (tools and tests).
-    pub fn device_lock_holder(&self, dev: usize) -> Option<u32> {
-        (dev < MAX_DEVICES).then(|| ledger_lock::holder(&self.limiter(dev).ledger_lock)).flatten().map(|h| h as u32)
+    /// Who this handle holds a ledger lock as: `slot` (ours) at its generation, else our PID.
+    fn holder_token(&self, slot: Option<SlotId>) -> ledger_lock::Holder {
+        match slot.filter(|&s| self.owns(s)) {
+            Some(s) => {
+                let index = self.phys(s);
+                ledger_lock::Holder::Slot { index, generation: self.body().slots[index].generation.load(Acquire) as u32 }
+            }
+            None => ledger_lock::Holder::Pid(self.pid),
+        }
+    }
+
+    /// Whether `h` may still hold a ledger lock (called holding the device's in-process mutex).
+    /// A slot: unless the slot was freed or retaken since (its generation moved), or nobody holds
+    /// its lifetime byte (its owner died or exec'd), or it is one of this handle's slots (our
+    /// threads take the mutex first: a word naming us is left from before, e.g. a re-attach).
+    fn ledger_holder_alive(&self, h: ledger_lock::Holder) -> bool {
+        match h {
+            ledger_lock::Holder::Slot { index, generation } => {
+                index < MAX_PROCS
+                    && self.body().slots[index].generation.load(Acquire) as u32 == generation
+                    && !self.owned[index].load(Relaxed)
+                    && self.fd().is_some_and(|fd| lock::held_by_other(fd, LOCK_SLOT + index as i64))
+            }
+            ledger_lock::Holder::Pid(pid) => pid != self.pid && ledger_lock::pid_alive(pid),
+            ledger_lock::Holder::Garbage => false,
+        }
+    }
+
+    /// Whether a live holder other than this handle holds device `dev`'s ledger lock (tools and
+    /// tests).
+    pub fn device_lock_held(&self, dev: usize) -> bool {
+        dev < MAX_DEVICES && {
+            let t = self.limiter(dev).ledger_lock.load(Acquire);
+            t != 0 && self.ledger_holder_alive(ledger_lock::Holder::of(t))
+        }
     }
 
     // ---------- process slots ----------
@@ -1295,7 +1349,7 @@ impl Region {
             self.add(slot, dev, kind, bytes);
             return Ok(None);
         }
-        match self.lock_device(dev) {
+        match self.lock_device_for(dev, slot) {
             Ok(g) => g.r.reserve_checked(slot, dev, kind, bytes),
             Err(RegionError::Busy(_)) => self.reserve_checked(slot, dev, kind, bytes),
             Err(e) => Err(ReserveError::Lock(e.to_string())),

@@ -75,9 +75,10 @@ pub const BURST_NS: i64 = 4_000_000;
 /// 10 it saved under a cap of 50 and ran at 40% (simulator).
 pub const SAVE_WINDOW_NS: u64 = 100_000_000;
 /// But never more than this: 12 ms spent at once adds at most 6 points to a 200 ms NVML sample
-/// (cap% of 100 ms let one read 1.5 x cap). The one-a-second reading covers a 200 ms sample or
-/// less (an H100's readings strayed past every sample of the same seconds); 100 ms windows may
-/// read up to 10 points over the cap right after a long idle (simulator).
+/// (cap% of 100 ms let one read 1.5 x cap). An H100's one-a-second reading covers about 100 ms
+/// (`bench/py/reading_window.py`: a 20 ms pulse reads 20), where right after a long idle it may
+/// read up to 9-10 points over the cap (simulator); a program idle that long reads far under the
+/// cap in the readings of its idle anyway.
 pub const SAVE_MAX_NS: i64 = 12_000_000;
 /// Debt tolerated before a launch waits (amortizes sleep overshoot and syscalls).
 pub const DEBT_SLEEP_NS: i64 = 1_000_000;

@@ -1,31 +1,65 @@
-//! A device ledger's lock: one word in the shared region (`SharedDeviceState::ledger_lock`), 0
-//! when free, else the holder's process id. Taking and giving it back is a compare-and-swap each,
-//! where the OFD byte lock it replaces cost two `fcntl` calls per capped allocation (1.6 us of a
-//! capped cuMemAlloc + cuMemFree on the mock, 2% of a 1 MiB pair on an H100).
+//! A device ledger's lock across processes: one word in the shared region
+//! (`SharedDeviceState::ledger_lock`), 0 when free, else a token naming its holder. Taking and
+//! giving it back is a compare-and-swap each, where the OFD byte lock it replaces cost two
+//! `fcntl` calls per capped allocation (1.6 us of a capped cuMemAlloc + cuMemFree on the mock, 2%
+//! of a 1 MiB pair on an H100). Threads of one process exclude each other with an in-process
+//! mutex first (`Region::lock_device`).
 //!
-//! The kernel does not drop a word for a dead holder, so a waiter takes over a word whose process
-//! is gone (a zombie counts as gone), and a value that names no process (garbage written into the
-//! file) is taken over too. A stopped or frozen holder is waited for at most until the caller's
-//! deadline, as before. Threads of one process exclude each other the same way (their id is the
-//! same; the holder is alive, so they wait). The id is the process id as the container sees it:
-//! every process sharing a region shares its PID namespace.
+//! The kernel does not release a word, so a waiter takes it over when its holder is gone. A
+//! process with a slot in the region holds it as that slot (index and generation): gone when the
+//! slot was freed or retaken, or when nobody holds the slot's lifetime byte (`LOCK_SLOT + s`, an
+//! OFD lock the kernel drops at death and at exec, whatever the PID namespace). A process without
+//! a slot (a tool) holds it by PID: gone when `kill(pid, 0)` fails or the process is a zombie with
+//! no thread left; a PID names a process only in the namespace that wrote it, so a tool must run
+//! in the container's. A value that is neither (garbage written into the file) is taken over.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::time::{Duration, Instant};
 
-/// This process's id as a lock value (never 0).
-pub fn own_id() -> u64 {
-    std::process::id() as u64
+const SLOT_TAG: u64 = 1 << 63;
+
+/// Who a lock word names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// A process holding the lock as its region slot `index`, taken at `generation`.
+    Slot { index: usize, generation: u32 },
+    /// A process without a slot, by PID.
+    Pid(u32),
+    /// Not a value any holder writes.
+    Garbage,
 }
 
-/// Whether `id` is a live process that could hold the lock: `kill(id, 0)` finds it (EPERM
-/// included) and it is not a zombie. Values outside the PID range name nobody.
-pub fn holder_alive(id: u64) -> bool {
-    if id == 0 || id > i32::MAX as u64 {
+impl Holder {
+    pub fn token(self) -> u64 {
+        match self {
+            Holder::Slot { index, generation } => SLOT_TAG | (generation as u64) << 16 | (index as u64 & 0xffff),
+            Holder::Pid(pid) => pid as u64,
+            Holder::Garbage => u64::MAX,
+        }
+    }
+
+    pub fn of(token: u64) -> Holder {
+        if token & SLOT_TAG != 0 {
+            if token >> 48 & 0x7fff != 0 {
+                return Holder::Garbage;
+            }
+            Holder::Slot { index: (token & 0xffff) as usize, generation: (token >> 16) as u32 }
+        } else if token == 0 || token > i32::MAX as u64 {
+            Holder::Garbage
+        } else {
+            Holder::Pid(token as u32)
+        }
+    }
+}
+
+/// Whether process `pid` (of our PID namespace) is alive: `kill(pid, 0)` finds it (EPERM
+/// included) and it is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
         return false;
     }
-    let pid = id as libc::pid_t;
+    let pid = pid as libc::pid_t;
     // SAFETY: signal 0 only checks that the process exists and may be signalled.
     let found = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     found && !zombie(pid)
@@ -50,7 +84,7 @@ pub fn try_take(word: &AtomicU64, me: u64, alive: impl Fn(u64) -> bool) -> bool 
     }
 }
 
-/// Take the word, polling until `deadline`: false if it is still held by a live process then.
+/// Take the word, polling until `deadline`: false if it is still held by a live holder then.
 pub fn take_until(word: &AtomicU64, me: u64, deadline: Instant, alive: impl Fn(u64) -> bool) -> bool {
     let mut pause = Duration::from_micros(10);
     loop {
@@ -68,14 +102,9 @@ pub fn take_until(word: &AtomicU64, me: u64, deadline: Instant, alive: impl Fn(u
     }
 }
 
-/// Give the word back, unless someone took it over meanwhile (we were taken for dead).
+/// Give the word back, unless someone took it over meanwhile (we were taken for gone).
 pub fn give(word: &AtomicU64, me: u64) {
     let _ = word.compare_exchange(me, 0, AcqRel, Acquire);
-}
-
-/// The live holder of `word`, if any.
-pub fn holder(word: &AtomicU64) -> Option<u64> {
-    Some(word.load(Acquire)).filter(|&h| holder_alive(h))
 }
 
 #[cfg(test)]
@@ -87,13 +116,13 @@ mod tests {
         let w = AtomicU64::new(0);
         assert!(try_take(&w, 7, |_| true));
         assert_eq!(w.load(Acquire), 7);
-        assert!(!try_take(&w, 8, |_| true), "held by a live process");
+        assert!(!try_take(&w, 8, |_| true), "held by a live holder");
         give(&w, 7);
         assert_eq!(w.load(Acquire), 0);
     }
 
     #[test]
-    fn a_dead_holders_word_is_taken_over() {
+    fn a_gone_holders_word_is_taken_over() {
         let w = AtomicU64::new(7);
         assert!(try_take(&w, 8, |h| h != 7));
         assert_eq!(w.load(Acquire), 8);
@@ -111,38 +140,40 @@ mod tests {
     }
 
     #[test]
-    fn threads_of_one_process_exclude_each_other() {
-        use std::sync::atomic::AtomicU32;
-        let w = AtomicU64::new(0);
-        let inside = AtomicU32::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| {
-                    for _ in 0..200 {
-                        assert!(take_until(&w, own_id(), Instant::now() + Duration::from_secs(10), holder_alive));
-                        assert_eq!(inside.fetch_add(1, AcqRel), 0, "two threads inside at once");
-                        inside.fetch_sub(1, AcqRel);
-                        give(&w, own_id());
-                    }
-                });
+    fn tokens_name_their_holder_and_nothing_else() {
+        for h in [Holder::Slot { index: 0, generation: 0 }, Holder::Slot { index: 1023, generation: u32::MAX }, Holder::Pid(1), Holder::Pid(i32::MAX as u32)] {
+            assert_eq!(Holder::of(h.token()), h);
+            assert_ne!(h.token(), 0, "a holder never reads as free");
+        }
+        assert_eq!(Holder::of(u64::MAX), Holder::Garbage);
+        assert_eq!(Holder::of(1 << 40), Holder::Garbage, "beyond any PID");
+        assert_eq!(Holder::of(SLOT_TAG | 1 << 50), Holder::Garbage, "bits no slot token sets");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_word_decodes_without_panicking(token: u64) {
+            let h = Holder::of(token);
+            if h != Holder::Garbage {
+                proptest::prop_assert_eq!(Holder::of(h.token()), h);
             }
-        });
+        }
     }
 
     #[test]
-    fn liveness_knows_this_process_a_reaped_one_and_garbage() {
-        assert!(holder_alive(own_id()));
-        assert!(!holder_alive(0));
-        assert!(!holder_alive(u64::MAX), "not a pid");
+    fn liveness_knows_this_process_a_zombie_a_reaped_one_and_garbage() {
+        assert!(pid_alive(std::process::id()));
+        assert!(!pid_alive(0));
+        assert!(!pid_alive(u32::MAX), "not a pid");
         let mut c = std::process::Command::new("true").spawn().unwrap();
-        let pid = c.id() as u64;
+        let pid = c.id();
         // exited but not reaped: a zombie holds nothing
         let t = Instant::now();
-        while holder_alive(pid) && t.elapsed() < Duration::from_secs(5) {
+        while pid_alive(pid) && t.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(!holder_alive(pid), "a zombie counts as gone");
+        assert!(!pid_alive(pid), "a zombie counts as gone");
         c.wait().unwrap();
-        assert!(!holder_alive(pid), "a reaped process is gone");
+        assert!(!pid_alive(pid), "a reaped process is gone");
     }
 }

@@ -478,13 +478,204 @@ fn child_entry() {
         }
         "hold_lock" => {
             r.try_reserve(slot, 0, MemKind::Data, n).unwrap();
-            let _g = r.lock_device(0).unwrap();
+            let _g = r.lock_device_for(0, slot).unwrap();
             println!("READY");
             std::thread::sleep(Duration::from_secs(60));
+        }
+        "hold_lock_exec" => {
+            // One thread is inside a ledger critical section (measuring a context) when another
+            // thread of the process execs.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let rr: &'static Region = Box::leak(Box::new(r));
+            std::thread::spawn(move || {
+                let _g = rr.lock_device_for(0, slot).unwrap();
+                tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_secs(60));
+            });
+            rx.recv().unwrap();
+            println!("READY");
+            use std::os::unix::process::CommandExt;
+            let e = Command::new("sleep").arg("5").exec();
+            panic!("exec: {e}");
+        }
+        "lock_once" => {
+            // A tool (no slot) takes the lock once.
+            let t = Instant::now();
+            let res = r.lock_device(0);
+            println!("LOCK ok={} ms={}", res.is_ok(), t.elapsed().as_millis());
         }
         _ => std::process::exit(2),
     }
     std::process::exit(0);
+}
+
+/// Whether `unshare -fp --mount-proc` (a new PID namespace, as a container) works here; where it
+/// does not, the tests that need it say so and pass without checking.
+fn pid_namespaces_available() -> bool {
+    let ok = Command::new("unshare").args(["-fp", "--mount-proc", "true"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: `unshare -fp --mount-proc` is not permitted here; a second PID namespace cannot be tested");
+    }
+    ok
+}
+
+/// The `LOCK ...` line of a `lock_once` child run under `prefix` (e.g. `unshare -fp`).
+fn lock_once_under(prefix: &[&str], path: &Path) -> String {
+    let out = Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "region::tests::child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, "lock_once")
+        .env(RPATH, path)
+        .env("VGPU_TEST_N", "0")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("LOCK")).unwrap_or("no LOCK line").to_string()
+}
+
+#[test]
+fn a_holder_that_execs_leaves_the_lock_to_others() {
+    // Review of 9bf2f4d: a PID-named word stayed held while the exec'd image lived.
+    let p = TempPath::new("exec");
+    let r = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let mut c = spawn_role("hold_lock_exec", &p.0, 0);
+    wait_ready(&mut c);
+    let t = Instant::now();
+    while std::fs::read_link(format!("/proc/{}/exe", c.id())).is_ok_and(|e| !e.ends_with("sleep")) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the child never exec'd");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    let got = r.lock_device(0).is_ok();
+    let took = t.elapsed();
+    kill9(&mut c);
+    assert!(got && took < Duration::from_millis(300), "lock after the holder exec'd: {got} after {took:?}");
+}
+
+#[test]
+fn a_container_restarted_with_the_same_pids_is_not_held_by_its_former_self() {
+    // Review of 9bf2f4d: PID 1 SIGKILLed holding the lock; the file outlives the container and the
+    // restarted container's PID 1 found a live "holder": itself.
+    if !pid_namespaces_available() {
+        return;
+    }
+    let p = TempPath::new("restart");
+    drop(Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap());
+    let mut c = Command::new("unshare")
+        .args(["-fp", "--mount-proc", "--kill-child=SIGKILL"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "region::tests::child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, "hold_lock")
+        .env(RPATH, &p.0)
+        .env("VGPU_TEST_N", "0")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready(&mut c);
+    kill9(&mut c); // --kill-child: the namespace's PID 1 dies with it
+    let r = Region::open_existing(&p.0).unwrap();
+    let t = Instant::now();
+    while r.device_lock_held(0) {
+        assert!(t.elapsed() < Duration::from_secs(5), "the dead container still holds the lock");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(r);
+    let line = lock_once_under(&["unshare", "-fp", "--mount-proc"], &p.0);
+    assert!(line.contains("ok=true"), "restarted container: {line}");
+    let ms: u64 = line.rsplit("ms=").next().unwrap().parse().unwrap();
+    assert!(ms < 300, "restarted container waited: {line}");
+}
+
+#[test]
+fn a_process_of_another_pid_namespace_waits_for_a_holder() {
+    // Review of 9bf2f4d: a PID from another namespace named nobody, so the word was taken over
+    // while its holder held it.
+    if !pid_namespaces_available() {
+        return;
+    }
+    let p = TempPath::new("pidns");
+    let r = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let s = r.register(std::process::id() as i32).unwrap();
+    let g = r.lock_device_for(0, s).unwrap();
+    let line = lock_once_under(&["unshare", "-fp", "--mount-proc"], &p.0);
+    drop(g);
+    assert!(line.contains("ok=false"), "two holders: {line}");
+}
+
+#[test]
+fn a_forked_child_of_a_private_region_is_not_held_by_its_parent() {
+    // Review of 9bf2f4d: the child's copy of the private mapping named the parent as holder.
+    let mut r = Region::private(&init_with(Some(64 * MIB), None)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx2, rx2) = std::sync::mpsc::channel::<()>();
+    // SAFETY: the thread ends (joined below) before `r` is dropped or moved.
+    let rp: &'static Region = unsafe { &*(&r as *const Region) };
+    let h = std::thread::spawn(move || {
+        let _g = rp.lock_device(0).unwrap();
+        tx.send(()).unwrap();
+        let _ = rx2.recv_timeout(Duration::from_secs(10));
+    });
+    rx.recv().unwrap();
+    // SAFETY: test fork; the child only touches the region and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let _ = r.after_fork_child();
+        let t = Instant::now();
+        let ok = r.lock_device(0).is_ok() && t.elapsed() < Duration::from_millis(100);
+        // SAFETY: leaving the forked child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    tx2.send(()).unwrap();
+    h.join().unwrap();
+    assert_eq!(libc::WEXITSTATUS(st), 0, "the child waited for its parent's lock");
+}
+
+#[test]
+fn threads_exclude_each_other_across_a_reattach() {
+    // Review of 9bf2f4d: a guard keeps the old mapping's word; a second thread took the new one.
+    let p = TempPath::new("reattach-lock");
+    let r = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let s = r.register(1).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx2, rx2) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        let r = &r;
+        sc.spawn(move || {
+            let _g = r.lock_device_for(0, s).unwrap();
+            tx.send(()).unwrap();
+            let _ = rx2.recv_timeout(Duration::from_secs(10));
+        });
+        rx.recv().unwrap();
+        std::fs::remove_file(&p.0).unwrap();
+        assert!(r.reattach_if_replaced().unwrap());
+        let second = r.lock_device_for(0, s).is_ok();
+        tx2.send(()).unwrap();
+        assert!(!second, "two threads of one process held device 0's ledger lock at once");
+    });
+}
+
+#[test]
+fn threads_of_one_process_exclude_each_other() {
+    let p = TempPath::new("threads-lock");
+    let r = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let s = r.register(1).unwrap();
+    let inside = AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let (r, inside) = (&r, &inside);
+            sc.spawn(move || {
+                for _ in 0..300 {
+                    let g = if t % 2 == 0 { r.lock_device_for(0, s) } else { r.lock_device(0) };
+                    let _g = g.unwrap();
+                    assert_eq!(inside.fetch_add(1, AcqRel), 0, "two threads inside at once");
+                    inside.fetch_sub(1, AcqRel);
+                }
+            });
+        }
+    });
 }
 
 fn hammer(procs: usize, iters: usize) {
