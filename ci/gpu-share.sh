@@ -19,6 +19,7 @@ sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(threads sync streams repeat random procs torch compile frameworks)
 fails=0
 run() { "$@" || fails=$((fails + 1)); }
+fw() { MEASURE=${MEASURE:-8} WARM=${WARM:-3} "$@"; }
 ts() { "$S/test_streams" --progress --seconds 600 "$@"; }
 
 for sec in "${sections[@]}"; do
@@ -30,9 +31,10 @@ for sec in "${sections[@]}"; do
     repeat) MEASURE=3 WARM=1.5 run $PY --name async_0.3-3ms --fresh 10 -- $S/test_streams --progress --seconds 600 --sync-every 0 --us 300 --us-max 3000 ;;
     random) run $PY --name random_10us-5ms -- $S/test_streams --progress --seconds 600 --us 10 --us-max 5000 ;;
     procs) run $PY --name four_procs_threads_2 --procs 4 -- $S/test_streams --progress --seconds 600 --threads 2 --us 1000 ;;
-    torch) for k in ${TORCH_KINDS:-matmul gpt2 resnet graph}; do run $PY --name "torch_$k" -- $W $k; done ;;
-    compile) run $PY --name torch_compile -- $W compile ;;
-    frameworks) for k in jax cupy; do run $PY --name "$k" -- $W $k; done ;;
+    # Frameworks' steps are long and uneven (u0's own 1-s samples spread +-5 points): 8-s windows.
+    torch) for k in ${TORCH_KINDS:-matmul gpt2 resnet graph}; do run fw $PY --name "torch_$k" -- $W $k; done ;;
+    compile) run fw $PY --name torch_compile -- $W compile ;;
+    frameworks) for k in jax cupy; do run fw $PY --name "$k" -- $W $k; done ;;
     overlap)
         for args in "--threads 2" "--threads 2 --sync-by event" "--threads 2 --sync-by query" "--streams 2 --sync-every 0"; do
             for cap in none 25 50; do

@@ -4,7 +4,9 @@ libvgpu. Three runs: the service alone, beside training without priority (both p
 beside training with priority. Pass: p99 with priority within 10% of alone; training keeps at
 least 80% of the GPU time the service leaves idle (its throughput over its solo throughput
 times (1 - the service's alone utilization)).
-usage: priority.py [SECONDS]   (env DIST; LIBVGPU: another build of the hook to preload; OUT: appends a JSON line to $OUT/priority.jsonl)"""
+usage: priority.py [SECONDS]   (env DIST; LIBVGPU: another build of the hook to preload; OUT: appends a JSON line to $OUT/priority.jsonl;
+TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/samples/test_streams --progress --seconds 600 --us 50
+--sync-every 0", to tell what the training's kernel lengths cost the service's tail)"""
 import json
 import os
 import subprocess
@@ -17,6 +19,7 @@ from share import DIST, Proc  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20
+TRAIN = os.environ.get("TRAIN", "").split() or [sys.executable, f"{HERE}/workloads.py", "gpt2"]
 node_dir = tempfile.mkdtemp(prefix="node-")
 
 
@@ -39,7 +42,7 @@ def training_rate(p, t0, t1):
 
 
 # Training alone: its solo throughput.
-train = Proc([sys.executable, f"{HERE}/workloads.py", "gpt2"], env(1, "train"))
+train = Proc(TRAIN, env(1, "train"))
 train.ready.wait(300)
 time.sleep(3)
 t0 = time.monotonic()
@@ -52,7 +55,7 @@ alone = service(0)
 svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
 rec = dict(training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
 for mode, train_prio in (("no_priority", 0), ("priority", 1)):
-    train = Proc([sys.executable, f"{HERE}/workloads.py", "gpt2"], env(train_prio, f"train-{mode}"))
+    train = Proc(TRAIN, env(train_prio, f"train-{mode}"))
     train.ready.wait(300)
     time.sleep(3)
     t0 = time.monotonic()

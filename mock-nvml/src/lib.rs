@@ -23,8 +23,12 @@ const NVML_ERROR_UNKNOWN: Ret = 999;
 
 /// NVML_STRUCT_VERSION(Memory, 2): sizeof(nvmlMemory_v2_t) | 2 << 24.
 const NVML_MEMORY_V2: u32 = std::mem::size_of::<MemoryV2>() as u32 | (2 << 24);
-/// Samples and utilization rates cover the last second (NVML's longest sample period).
-const WINDOW_NS: u64 = 1_000_000_000;
+/// `nvmlDeviceGetUtilizationRates`: the busy share of the `READING_NS` before the latest multiple
+/// of `SAMPLE_NS` (an H100: a 20 ms pulse reads 20, a 5 ms pulse 5, and the reading changes every
+/// 200 ms; `bench/py/reading_window.py`). A one-a-second observer sees a tenth of each second.
+const READING_NS: u64 = 100_000_000;
+/// Process utilization samples cover at most the last second.
+const PROCESS_SPAN_NS: u64 = 1_000_000_000;
 /// `nvmlDeviceGetSamples`' GPU utilization: one sample per this period (an H100's), each the
 /// busy share of the period it ends, kept as long as the busy history (`RING` buckets).
 const SAMPLE_NS: u64 = 200_000_000;
@@ -397,9 +401,9 @@ nvml_exports! {
     }
     fn nvmlDeviceGetUtilizationRates(dev: Device, util: *mut Utilization) {
         rc(device(dev).and_then(|(st, d)| {
-            let now = now_ns();
-            let busy = st.device_busy_ns(d, now.saturating_sub(WINDOW_NS), now);
-            out(util, Utilization { gpu: (busy * 100 / WINDOW_NS).min(100) as u32, memory: 0 })
+            let end = now_ns() / SAMPLE_NS * SAMPLE_NS;
+            let busy = st.device_busy_ns(d, end.saturating_sub(READING_NS), end);
+            out(util, Utilization { gpu: (busy * 100 / READING_NS).min(100) as u32, memory: 0 })
         }))
     }
     fn nvmlDeviceGetSamples(dev: Device, kind: i32, last_seen: u64, value_type: *mut i32, count: *mut c_uint, samples: *mut Sample) {
@@ -454,7 +458,7 @@ nvml_exports! {
                 return Err(NVML_ERROR_NOT_FOUND);
             }
             // Samples cover (last_seen, now], at most the last second.
-            let span = ((now_us - last_seen).saturating_mul(1000)).min(WINDOW_NS);
+            let span = ((now_us - last_seen).saturating_mul(1000)).min(PROCESS_SPAN_NS);
             let t0 = now - span;
             let list: Vec<ProcessUtilizationSample> = st
                 .live_slots()
