@@ -237,6 +237,10 @@ pub struct Region {
     dev_stall_until: [AtomicU64; MAX_DEVICES],
     /// Slots registered by this handle, by index of the current mapping.
     owned: Box<[AtomicBool]>,
+    /// Slots this handle left (`leave`: the process is exiting, still alive). Its own reaper
+    /// must not free them: its descriptor never conflicts with its own slot lock, so they would
+    /// look dead to it, and their memory (still on the device) would stop counting.
+    left: Box<[AtomicBool]>,
     /// Registered id -> index in the current mapping (identity until a re-attach).
     slot_map: Box<[AtomicU32]>,
     /// Ids registered by this handle (an id is the index it was registered at when free).
@@ -586,6 +590,7 @@ impl Region {
             dev_mu: std::array::from_fn(|_| Mutex::new(())),
             dev_stall_until: std::array::from_fn(|_| AtomicU64::new(0)),
             owned: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
+            left: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             slot_map: (0..MAX_PROCS as u32).map(AtomicU32::new).collect(),
             ids: (0..MAX_PROCS).map(|_| AtomicBool::new(false)).collect(),
             live,
@@ -778,7 +783,7 @@ impl Region {
         self.dev_mu = std::array::from_fn(|_| Mutex::new(()));
         let inherited = std::mem::take(&mut *self.keep_lock());
         self.keep = Mutex::new(inherited);
-        for o in self.owned.iter() {
+        for o in self.owned.iter().chain(self.left.iter()) {
             o.store(false, Relaxed);
         }
         for (i, m) in self.slot_map.iter().enumerate() {
@@ -852,6 +857,13 @@ impl Region {
             return Ok(false);
         }
         let (Some(path), Some(init)) = (&self.path, &self.init) else { return Ok(false) };
+        // No ledger lock of ours may straddle the switch: its guard holds the old file's word
+        // while its reservation would land in the new file, where nobody waits for it (review).
+        // Held by a thread of ours now, the next upkeep tick tries again.
+        let deadline = Instant::now() + Duration::from_millis(10);
+        let Some(_quiet) = self.dev_mu.iter().map(|m| lock_mu_until(m, deadline)).collect::<Option<Vec<_>>>() else {
+            return Ok(false);
+        };
         let new = match Region::open(path, init) {
             Ok(r) => r,
             Err(e) => {
@@ -890,6 +902,10 @@ impl Region {
         }
         for &(_, old_i) in &mine {
             self.owned[old_i].store(false, Relaxed);
+        }
+        // Indexes of slots left in the old file mean nothing in the new one.
+        for l in self.left.iter() {
+            l.store(false, Relaxed);
         }
         for &(id, _, new_i) in &moved {
             self.owned[new_i].store(true, Relaxed);
@@ -1203,6 +1219,7 @@ impl Region {
         if !self.owned[i].swap(false, Relaxed) {
             return;
         }
+        self.left[i].store(true, Relaxed);
         let p = &self.v1().procs[i];
         // Flag before status (Release): a reader that sees status 0 sees the flag.
         self.body().slots[i].flags.fetch_or(SLOT_FLAG_EXITING, AcqRel);
@@ -1246,7 +1263,7 @@ impl Region {
         let Some(fd) = self.fd() else { return 0 };
         let mut freed = 0;
         for i in 0..self.proc_num_clamped() {
-            if !self.counts(i) || self.owned[i].load(Relaxed) {
+            if !self.counts(i) || self.owned[i].load(Relaxed) || self.left[i].load(Relaxed) {
                 continue;
             }
             let byte = LOCK_SLOT + i as i64;
@@ -1275,7 +1292,7 @@ impl Region {
         if self.v1().procs[i].status.load(Acquire) == 0 {
             return false;
         }
-        if self.owned[i].load(Relaxed) {
+        if self.owned[i].load(Relaxed) || self.left[i].load(Relaxed) {
             return true;
         }
         let fd = self.fd().or(self.probe.as_ref().map(|f| f.as_raw_fd()));

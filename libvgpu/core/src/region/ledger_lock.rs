@@ -8,7 +8,8 @@
 //! The kernel does not release a word, so a waiter takes it over when its holder is gone. A
 //! process with a slot in the region holds it as that slot (index and generation): gone when the
 //! slot was freed or retaken, or when nobody holds the slot's lifetime byte (`LOCK_SLOT + s`, an
-//! OFD lock the kernel drops at death and at exec, whatever the PID namespace). A process without
+//! OFD lock the kernel drops at death and at exec, whatever the PID namespace, unless a forked
+//! child keeps the descriptor: then the holder counts as alive, as its slot does). A process without
 //! a slot (a tool) holds it by PID: gone when `kill(pid, 0)` fails or the process is a zombie with
 //! no thread left; a PID names a process only in the namespace that wrote it, so a tool must run
 //! in the container's. A value that is neither (garbage written into the file) is taken over.

@@ -650,11 +650,30 @@ fn threads_exclude_each_other_across_a_reattach() {
         });
         rx.recv().unwrap();
         std::fs::remove_file(&p.0).unwrap();
-        assert!(r.reattach_if_replaced().unwrap());
+        let _ = r.reattach_if_replaced(); // postponed while the lock is held (test below)
         let second = r.lock_device_for(0, s).is_ok();
         tx2.send(()).unwrap();
         assert!(!second, "two threads of one process held device 0's ledger lock at once");
     });
+}
+
+#[test]
+fn a_ledger_lock_held_across_a_replaced_file_delays_the_reattach() {
+    // Review of c5b4b28: a guard taken in the old file, used after a re-attach, reserved in the
+    // new file while a process there held the new file's word: two holders of one ledger.
+    let p = TempPath::new("reattach-guard");
+    let a = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let s = a.register(1).unwrap();
+    let g = a.lock_device_for(0, s).unwrap();
+    std::fs::remove_file(&p.0).unwrap();
+    assert!(!a.reattach_if_replaced().unwrap(), "re-attached while a thread held a ledger lock");
+    drop(g);
+    assert!(a.reattach_if_replaced().unwrap(), "re-attached once the lock was given back");
+    let b = Region::open(&p.0, &init_with(Some(64 * MIB), None)).unwrap();
+    let sb = b.register(2).unwrap();
+    let gb = b.lock_device_for(0, sb).unwrap();
+    assert!(a.lock_device_for(0, s).is_err(), "both processes hold the new file's ledger");
+    drop(gb);
 }
 
 #[test]
@@ -1052,14 +1071,20 @@ fn a_slot_left_at_exit_is_gone_for_readers_but_counts_until_its_owner_is() {
     let a = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
     let s = a.register(1).unwrap();
     a.try_reserve(s, 0, MemKind::Context, GIB).unwrap();
+    let g = a.lock_device_for(0, s).unwrap(); // a thread still inside a ledger lock
     a.leave(s);
     a.release(s, 0, MemKind::Context, GIB); // a late free from a destructor changes nothing
+    // Its own reaper (a monitor tick, a refused reservation) leaves the slot alone: through its
+    // own descriptor the slot's lock looks free (review of c5b4b28: it freed it).
+    assert_eq!(a.reap_dead_nowait(), 0, "the live process reaped its own slot");
     let b = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
     let sb = b.register(2).unwrap();
     assert_eq!(b.live_slots().count(), 1, "only b is live for readers");
     assert_eq!(b.v1().procs[s.index()].status.load(Relaxed), 0);
     assert_eq!(b.device_used(0), GIB, "the exiting process's memory still counts");
     assert!(b.try_reserve(sb, 0, MemKind::Data, GIB + MIB).is_err());
+    assert!(b.lock_device_for(0, sb).is_err(), "another process took the ledger lock from a live holder");
+    drop(g);
     drop(a); // the process is gone: its lifetime lock is released
     assert_eq!(b.reap_dead(), 1);
     assert_eq!(b.device_used(0), 0);
