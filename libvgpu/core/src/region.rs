@@ -21,7 +21,7 @@ pub mod ledger_lock;
 pub(crate) mod lock;
 
 pub use layout::*;
-pub use lock::{held_by_other as lock_held_by_other, LOCK_BASE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
+pub use lock::{LOCK_BASE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
 
 use crate::config::Config;
 use crate::limiter::SharedDeviceState;
@@ -382,9 +382,9 @@ fn ident_of(meta: &std::fs::Metadata) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
-/// Take an in-process mutex, waiting at most until `deadline` (poison is ignored: the data it
-/// guards lives in the region and is always consistent).
-fn lock_mu_until(m: &Mutex<()>, deadline: Instant) -> Option<MutexGuard<'_, ()>> {
+/// Take an in-process mutex, waiting at most until `deadline()` (asked only if the mutex is
+/// busy; poison is ignored: the data it guards lives in the region and is always consistent).
+fn lock_mu_until(m: &Mutex<()>, deadline: impl Fn() -> Instant) -> Option<MutexGuard<'_, ()>> {
     let mut pause = Duration::from_micros(10);
     loop {
         match m.try_lock() {
@@ -392,7 +392,7 @@ fn lock_mu_until(m: &Mutex<()>, deadline: Instant) -> Option<MutexGuard<'_, ()>>
             Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
-        let now = Instant::now();
+        let (now, deadline) = (Instant::now(), deadline());
         if now >= deadline {
             return None;
         }
@@ -403,7 +403,7 @@ fn lock_mu_until(m: &Mutex<()>, deadline: Instant) -> Option<MutexGuard<'_, ()>>
 
 /// Mutex + OFD byte, both within `deadline`.
 fn lock_both<'a>(m: &'a Mutex<()>, fd: Option<RawFd>, byte: i64, deadline: Instant, what: &'static str) -> Result<MutexGuard<'a, ()>, RegionError> {
-    let g = lock_mu_until(m, deadline).ok_or(RegionError::Busy(what))?;
+    let g = lock_mu_until(m, || deadline).ok_or(RegionError::Busy(what))?;
     if let Some(fd) = fd {
         if !lock::lock_until(fd, true, byte, deadline).map_err(RegionError::Lock)? {
             return Err(RegionError::Busy(what));
@@ -861,7 +861,7 @@ impl Region {
         // while its reservation would land in the new file, where nobody waits for it (review).
         // Held by a thread of ours now, the next upkeep tick tries again.
         let deadline = Instant::now() + Duration::from_millis(10);
-        let Some(_quiet) = self.dev_mu.iter().map(|m| lock_mu_until(m, deadline)).collect::<Option<Vec<_>>>() else {
+        let Some(_quiet) = self.dev_mu.iter().map(|m| lock_mu_until(m, || deadline)).collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
         let new = match Region::open(path, init) {
@@ -994,9 +994,17 @@ impl Region {
 
     fn lock_device_as(&self, dev: usize, slot: Option<SlotId>) -> Result<DeviceGuard<'_>, RegionError> {
         let m = self.dev_mu.get(dev).ok_or(RegionError::BadDevice(dev))?;
-        let now = crate::clock::now_ns();
-        let stalled = now < self.dev_stall_until[dev].load(Relaxed);
-        let deadline = Instant::now() + if stalled { STALL_WAIT } else { LOCK_BOUND };
+        let stall_until = &self.dev_stall_until[dev];
+        // The clocks are read only once a wait begins: uncontended, a capped allocation takes
+        // the lock without them. (deadline, whether the device was known stuck)
+        let wait = std::cell::OnceCell::new();
+        let wait = || {
+            *wait.get_or_init(|| {
+                let stalled = crate::clock::now_ns() < stall_until.load(Relaxed);
+                (Instant::now() + if stalled { STALL_WAIT } else { LOCK_BOUND }, stalled)
+            })
+        };
+        let deadline = || wait().0;
         let taken = lock_mu_until(m, deadline).and_then(|mu| {
             if self.fd().is_none() {
                 return Some(DeviceGuard { r: self, dev, word: None, _mu: mu });
@@ -1007,13 +1015,13 @@ impl Region {
                 .then_some(DeviceGuard { r: self, dev, word: Some((word, token)), _mu: mu })
         });
         if let Some(g) = taken {
-            if stalled {
-                self.dev_stall_until[dev].store(0, Relaxed);
+            if stall_until.load(Relaxed) != 0 {
+                stall_until.store(0, Relaxed);
             }
             return Ok(g);
         }
-        if !stalled {
-            self.dev_stall_until[dev].store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);
+        if !wait().1 {
+            stall_until.store(crate::clock::now_ns() + STALL_MEMORY_NS, Relaxed);
             crate::warn!("device {dev}: region lock held past {} ms by another process (stopped?); going on without it", LOCK_BOUND.as_millis());
         }
         Err(RegionError::Busy("device"))
@@ -1040,7 +1048,7 @@ impl Region {
                 index < MAX_PROCS
                     && self.body().slots[index].generation.load(Acquire) as u32 == generation
                     && !self.owned[index].load(Relaxed)
-                    && self.fd().is_some_and(|fd| lock::held_by_other(fd, LOCK_SLOT + index as i64))
+                    && self.slot_lock_held_by_other(index).unwrap_or(false)
             }
             ledger_lock::Holder::Pid(pid) => pid != self.pid && ledger_lock::pid_alive(pid),
             ledger_lock::Holder::Garbage => false,
@@ -1295,11 +1303,14 @@ impl Region {
         if self.owned[i].load(Relaxed) || self.left[i].load(Relaxed) {
             return true;
         }
-        let fd = self.fd().or(self.probe.as_ref().map(|f| f.as_raw_fd()));
-        match fd {
-            Some(fd) => lock::held_by_other(fd, LOCK_SLOT + i as i64),
-            None => true,
-        }
+        self.slot_lock_held_by_other(i).unwrap_or(true)
+    }
+
+    /// Whether another process holds slot `i`'s lifetime lock (its owner is alive); `None`
+    /// without a file to ask through.
+    fn slot_lock_held_by_other(&self, i: usize) -> Option<bool> {
+        let fd = self.fd().or(self.probe.as_ref().map(|f| f.as_raw_fd()))?;
+        Some(lock::held_by_other(fd, LOCK_SLOT + i as i64))
     }
 
     pub fn proc_num(&self) -> usize {

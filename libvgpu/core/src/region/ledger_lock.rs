@@ -85,14 +85,15 @@ pub fn try_take(word: &AtomicU64, me: u64, alive: impl Fn(u64) -> bool) -> bool 
     }
 }
 
-/// Take the word, polling until `deadline`: false if it is still held by a live holder then.
-pub fn take_until(word: &AtomicU64, me: u64, deadline: Instant, alive: impl Fn(u64) -> bool) -> bool {
+/// Take the word, polling until `deadline()` (asked only if the first attempt fails): false if it
+/// is still held by a live holder then.
+pub fn take_until(word: &AtomicU64, me: u64, deadline: impl Fn() -> Instant, alive: impl Fn(u64) -> bool) -> bool {
     let mut pause = Duration::from_micros(10);
     loop {
         if try_take(word, me, &alive) {
             return true;
         }
-        let now = Instant::now();
+        let (now, deadline) = (Instant::now(), deadline());
         if now >= deadline {
             return false;
         }
@@ -135,7 +136,7 @@ mod tests {
     fn a_live_holder_is_waited_for_until_the_deadline_only() {
         let w = AtomicU64::new(7);
         let t = Instant::now();
-        assert!(!take_until(&w, 8, t + Duration::from_millis(30), |_| true));
+        assert!(!take_until(&w, 8, || t + Duration::from_millis(30), |_| true));
         let took = t.elapsed();
         assert!(took >= Duration::from_millis(30) && took < Duration::from_secs(2), "{took:?}");
     }
