@@ -6,7 +6,8 @@ least 80% of the GPU time the service leaves idle (its throughput over its solo 
 times (1 - the service's alone utilization)).
 usage: priority.py [SECONDS]   (env DIST; LIBVGPU: another build of the hook to preload; OUT: appends a JSON line to $OUT/priority.jsonl;
 TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/samples/test_streams --progress --seconds 600 --us 50
---sync-every 0", to tell what the training's kernel lengths cost the service's tail)"""
+--sync-every 0", to tell what the training's kernel lengths cost the service's tail; MODES="priority" skips the run
+without priority)"""
 import json
 import os
 import subprocess
@@ -54,7 +55,10 @@ train.p.wait()
 alone = service(0)
 svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
 rec = dict(training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
+MODES = os.environ.get("MODES", "no_priority priority").split()
 for mode, train_prio in (("no_priority", 0), ("priority", 1)):
+    if mode not in MODES:
+        continue
     train = Proc(TRAIN, env(train_prio, f"train-{mode}"))
     train.ready.wait(300)
     time.sleep(3)
