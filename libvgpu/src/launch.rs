@@ -457,7 +457,12 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
             w => Step::Wait(w),
         };
         match step {
-            Step::Go => prepared = Some(prepare(g, key, record_on, ctx, now)),
+            Step::Go => {
+                // Lower priorities learn of the work before it reaches the GPU: declared only
+                // after the launch, a lower-priority kernel launched in between runs first.
+                crate::node::declare(dev, now, || g.meter.queued_est_ns());
+                prepared = Some(prepare(g, key, record_on, ctx, now))
+            }
             // About to wait: an event now ends the stream's launches without one where they
             // end, not after the wait (spaced events would stretch their interval over it).
             Step::Wait(_) if g.meter.wants_flush_event(key) => {
