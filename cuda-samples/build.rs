@@ -35,6 +35,7 @@ const SAMPLES: &[(&str, Link)] = &[
     ("test_streams", Link::Driver),
     ("test_mem_escape", Link::Driver),
     ("nvml_watch", Link::DlopenOnly),
+    ("test_ioctl", Link::DlopenOnly),
 ];
 
 const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"];

@@ -74,9 +74,22 @@ fn library_exports() {
     let names: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
     for want in ["dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemCreate",
         "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuGraphLaunch", "cuMemGetInfo_v2", "nvmlDeviceGetMemoryInfo",
-        "nvmlDeviceGetMemoryInfo_v2", "cuCtxCreate_v4", "cuDevicePrimaryCtxRetain"]
+        "nvmlDeviceGetMemoryInfo_v2", "cuCtxCreate_v4", "cuDevicePrimaryCtxRetain", "ioctl"]
     {
         assert!(names.contains(&want), "{want} not exported");
     }
     assert!(!names.contains(&"cuGetExportTable"), "cuGetExportTable must pass straight through");
+}
+
+/// The `ioctl` override (it watches the resource manager's channel-group calls, issue 14) is the
+/// one programs get, and gives every call exactly what glibc's system call gives: return value,
+/// errno and output, for ordinary requests and for ones shaped like the resource manager's on a
+/// file that is not the driver's.
+#[test]
+fn ioctl_passes_everything_through_unchanged() {
+    let s = Scratch::new("hk-ioctl");
+    let out = run_ok(&mut hooked("test_ioctl", &s, None));
+    assert_eq!(value(&out, "result"), Some("PASS"), "{out}");
+    assert!(value(&out, "ioctl_from").is_some_and(|p| p.contains("libvgpu")), "the program's ioctl is not the hook's: {out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("case ")).count(), 6, "{out}");
 }

@@ -3,7 +3,7 @@
 //!
 //! * `ffi`: C types and constants; `guard`: the panic guard; `real`: symbol resolution, typed slots.
 //! * `sys`: the one list of every driver/NVML entry hooked or called, generating typed slots.
-//! * `driver`: safe wrappers over the slots.
+//! * `driver`: safe wrappers over the slots; `tsg`: this process's channel groups (timeslices).
 //! * `runtime`: per-process state (config, region, slot, devices, ledgers), lazily initialized.
 //! * `node`: the node-level file (this process's entry per GPU, the other containers' priorities).
 //! * `caps` → `launch` → `monitor`: the compute limiter (lead-owned);
@@ -32,3 +32,4 @@ pub mod physmem;
 pub mod real;
 pub mod runtime;
 pub mod sys;
+mod tsg;

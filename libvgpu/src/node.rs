@@ -236,4 +236,8 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
             n.file.reap(Some(n.idx));
         }
     }
+    // Our channel groups give way quickly while a higher-priority container is on a GPU of ours
+    // (a process with several GPUs does so on all of them: its groups' GPUs are not tracked).
+    let defer = (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed));
+    crate::tsg::apply(defer.then_some(node::LOWER_TIMESLICE_US));
 }

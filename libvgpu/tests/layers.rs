@@ -11,7 +11,7 @@ const LAYERS: &[&[&str]] = &[
     &["ffi"],                                   // C types and constants (checked against NVIDIA's headers)
     &["guard", "real"],                         // panic guard; symbol resolution, typed slots
     &["sys"],                                   // the one list: typed real-function slots
-    &["driver"],                                // safe wrappers over the slots
+    &["driver", "tsg"],                         // safe wrappers over the slots; channel groups
     &["runtime"],                               // per-process state: config, region, slot, devices, ledgers
     &["node"],                                  // node-level file: priorities of the containers on a GPU
     &["caps", "physmem"],                       // gate flags and caps; reservations, VMM, pools, graphs

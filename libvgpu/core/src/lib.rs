@@ -11,6 +11,7 @@ pub mod log;
 pub mod node;
 pub mod policy;
 pub mod region;
+pub mod rm;
 pub mod size;
 
 /// Most devices a container can see (fixed by HAMi's v1 region layout).

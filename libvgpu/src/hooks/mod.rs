@@ -19,6 +19,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 pub mod dlsym;
+pub mod ioctl;
 pub mod procaddr;
 
 /// A `_ptsz` / `_ptds` entry point: its null stream is the calling thread's default stream.
