@@ -76,7 +76,7 @@ pub(crate) fn others_busy(dev: usize) -> Option<bool> {
 
 /// What this process keeps queued at most on `dev` (a higher-priority container is there).
 pub(crate) fn queue_bound(dev: usize) -> Option<u64> {
-    DEFER.get(dev)?.load(Relaxed).then_some(node::LOWER_QUEUE_NS)
+    DEFER.get(dev)?.load(Relaxed).then(|| node::lower_queue_ns(crate::tsg::short()))
 }
 
 /// Our turn on `dev`, while capped containers of our priority take turns there.

@@ -20,6 +20,13 @@ static GROUPS: AtomicPtr<Mutex<Groups>> = AtomicPtr::new(std::ptr::null_mut());
 /// Groups recorded: frees look at the record only while some are.
 static TRACKED: AtomicUsize = AtomicUsize::new(0);
 static WARNED: AtomicBool = AtomicBool::new(false);
+/// Some group of ours runs the short timeslice (the last `apply` wanted one and set it).
+static SHORT: AtomicBool = AtomicBool::new(false);
+
+/// Does the GPU switch away from our kernels within a short timeslice now?
+pub(crate) fn short() -> bool {
+    SHORT.load(Relaxed)
+}
 
 fn real() -> Option<IoctlFn> {
     let mut p = REAL.load(Relaxed);
@@ -147,11 +154,13 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
 /// container is on the GPU; `None`: the one libcuda gave it). Nothing happens while that holds.
 pub(crate) fn apply(want: Option<u64>) {
     if TRACKED.load(Relaxed) == 0 {
+        SHORT.store(false, Relaxed);
         return;
     }
     let mut g = groups();
     let steps = g.plan(want);
     if steps.is_empty() {
+        SHORT.store(want.is_some() && g.list.iter().any(|x| x.set_us == want), Relaxed);
         return;
     }
     let (mut done, mut failed) = (0, None);
@@ -185,6 +194,7 @@ pub(crate) fn apply(want: Option<u64>) {
             }
         }
     }
+    SHORT.store(want.is_some() && g.list.iter().any(|x| x.set_us == want), Relaxed);
     match want {
         Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),
         None => vgpu_core::debug!("channel groups: {done} back to their own timeslice"),
@@ -202,4 +212,5 @@ pub(crate) fn apply(want: Option<u64>) {
 pub(crate) fn after_fork_child() {
     GROUPS.store(std::ptr::null_mut(), Release);
     TRACKED.store(0, Relaxed);
+    SHORT.store(false, Relaxed);
 }

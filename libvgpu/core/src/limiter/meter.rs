@@ -344,7 +344,7 @@ pub struct Meter<E: Copy> {
     /// Which process of the container this is (nonzero; tells context switches from idle gaps).
     pub owner: u64,
     /// Keep at most this much estimated GPU time queued, capped or not (a higher-priority
-    /// container shares the GPU: `node::LOWER_QUEUE_NS`). `None`: `QUEUE_TARGET_NS` under a cap.
+    /// container shares the GPU: `node::lower_queue_ns`). `None`: `QUEUE_TARGET_NS` under a cap.
     pub queue_bound_ns: Option<u64>,
     /// How far ahead of its rate the container may save (`Bucket::refill_to`) while it takes
     /// turns with other containers: its part of the period (`node::Turn`). `None`:
