@@ -1,12 +1,17 @@
 //! This process's channel groups (`vgpu_core::rm`): the `ioctl` shim (`hooks::ioctl`) records
-//! the ones the driver allocates on `/dev/nvidiactl` and forgets the freed ones; while a
-//! higher-priority container shares the GPU (`node`), the monitor sets their timeslice short, so
-//! the GPU switches to that container's work within about that much of a kernel of ours, and
-//! sets back what libcuda chose once it is gone. Every other ioctl goes straight through.
+//! the ones the driver allocates on its own character devices and forgets the freed ones; while
+//! a higher-priority container shares the GPU (`node`), the monitor sets their timeslice short,
+//! so the GPU switches to that container's work within about that much of a kernel of ours, and
+//! sets back what libcuda chose once it is gone.
+//!
+//! Every request reaches the driver first, unchanged; the caller's memory is read only after the
+//! driver accepted the call on one of its own files (so it read those bytes itself), and errno
+//! is kept. The record belongs to one process: a forked child starts its own without touching
+//! (or waiting on) the parent's.
 
 use std::ffi::{c_int, c_ulong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 
 use vgpu_core::rm::{self, Call, Groups, Step};
@@ -15,17 +20,30 @@ type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, *mut c_void) -> c_int;
 
 /// glibc's `ioctl` (0: not resolved yet).
 static REAL: AtomicUsize = AtomicUsize::new(0);
-/// The record; replaced (leaked) in a forked child, whose parent may have held it at the fork.
+/// The record, and the process it belongs to (a forked child makes its own: the parent's may
+/// have been locked by a thread the child does not have).
 static GROUPS: AtomicPtr<Mutex<Groups>> = AtomicPtr::new(std::ptr::null_mut());
-/// Groups recorded: frees look at the record only while some are.
+static OWNER: AtomicU32 = AtomicU32::new(0);
+/// Groups recorded (by `OWNER`): frees and controls look at the record only while some are.
 static TRACKED: AtomicUsize = AtomicUsize::new(0);
+/// The process some of whose groups run the short timeslice (0: none).
+static SHORT: AtomicU32 = AtomicU32::new(0);
 static WARNED: AtomicBool = AtomicBool::new(false);
-/// Some group of ours runs the short timeslice (the last `apply` wanted one and set it).
-static SHORT: AtomicBool = AtomicBool::new(false);
+/// The driver's device major (tests use another device's).
+static DRIVER_MAJOR: AtomicU32 = AtomicU32::new(rm::DRIVER_MAJOR);
+
+fn pid() -> u32 {
+    std::process::id()
+}
 
 /// Does the GPU switch away from our kernels within a short timeslice now?
 pub(crate) fn short() -> bool {
-    SHORT.load(Relaxed)
+    let s = SHORT.load(Relaxed);
+    s != 0 && s == pid()
+}
+
+fn tracked() -> bool {
+    TRACKED.load(Relaxed) > 0 && OWNER.load(Relaxed) == pid()
 }
 
 fn real() -> Option<IoctlFn> {
@@ -47,16 +65,22 @@ unsafe fn call(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     }
 }
 
+/// This process's record (a fresh one in a forked child, the parent's left untouched).
 fn groups() -> MutexGuard<'static, Groups> {
+    let me = pid();
     let mut p = GROUPS.load(Acquire);
-    if p.is_null() {
+    if p.is_null() || OWNER.load(Acquire) != me {
         let fresh = Box::into_raw(Box::new(Mutex::new(Groups::default())));
-        p = match GROUPS.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
-            Ok(_) => fresh,
-            Err(existing) => {
+        p = match GROUPS.compare_exchange(p, fresh, AcqRel, Acquire) {
+            Ok(_) => {
+                TRACKED.store(0, Relaxed);
+                OWNER.store(me, Release);
+                fresh
+            }
+            Err(current) => {
                 // SAFETY: `fresh` was never shared.
                 drop(unsafe { Box::from_raw(fresh) });
-                existing
+                current
             }
         };
     }
@@ -64,70 +88,85 @@ fn groups() -> MutexGuard<'static, Groups> {
     unsafe { &*p }.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The (device, inode) of the file behind `fd`.
-fn file_of(fd: c_int) -> Option<(u64, u64)> {
+/// The (device, inode) of `fd` when it is one of the NVIDIA driver's character devices.
+fn driver_file(fd: c_int) -> Option<(u64, u64)> {
     // SAFETY: fstat writes into the zeroed struct only.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
-}
-
-/// The exported `ioctl` (`hooks::ioctl`).
-pub(crate) unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
-    #[allow(clippy::unnecessary_cast)] // c_ulong is u64 on the one target (x86-64)
-    let kind = if arg.is_null() { Call::Other } else { rm::decode(request as u64) };
-    match kind {
-        Call::Other => call(fd, request, arg),
-        Call::Control => control_call(fd, request, arg.cast()),
-        Call::Alloc | Call::Free => {
-            let rc = call(fd, request, arg);
-            if rc == 0 {
-                let errno = *libc::__errno_location();
-                // Bookkeeping only: whatever happens in it, the caller gets the driver's answer.
-                let _ = catch_unwind(AssertUnwindSafe(|| observe(fd, kind, arg)));
-                *libc::__errno_location() = errno;
-            }
-            rc
-        }
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+        return None;
     }
+    (libc::major(st.st_rdev) == DRIVER_MAJOR.load(Relaxed)).then_some((st.st_dev, st.st_ino))
 }
 
-/// An allocation or free went through: record or forget channel groups.
-unsafe fn observe(fd: c_int, kind: Call, arg: *mut c_void) {
-    if kind == Call::Alloc {
-        let a = arg.cast::<rm::AllocHead>().read_unaligned();
-        if a.class == rm::CHANNEL_GROUP {
-            if let Some(file) = file_of(fd) {
+/// The exported `ioctl` (`hooks::ioctl`): the driver's answer, always.
+pub(crate) unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    let kind = if arg.is_null() { Call::Other } else { rm::decode(request) };
+    let rc = call(fd, request, arg);
+    let watch = rc == 0
+        && match kind {
+            Call::Other => false,
+            Call::Alloc => true,
+            Call::Free | Call::Control => tracked(),
+        };
+    if watch {
+        let errno = *libc::__errno_location();
+        // Bookkeeping only: whatever happens in it, the caller gets the driver's answer.
+        let _ = catch_unwind(AssertUnwindSafe(|| observe(fd, request, kind, arg)));
+        *libc::__errno_location() = errno;
+    }
+    rc
+}
+
+/// The driver accepted an allocation, free or control on `fd`: record or forget channel groups;
+/// after libcuda set a group's timeslice, remember it, and set ours again if we hold the group.
+unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
+    let Some(file) = driver_file(fd) else { return };
+    // The driver copied at least the size the request names from `arg`: it is readable.
+    match kind {
+        Call::Alloc => {
+            let a = arg.cast::<rm::AllocHead>().read_unaligned();
+            let Some(at) = rm::alloc_status_offset(request) else { return };
+            let status = arg.cast::<u8>().add(at).cast::<u32>().read_unaligned();
+            if a.class == rm::CHANNEL_GROUP && status == rm::STATUS_OK {
                 let mut g = groups();
-                g.allocated(fd, file, a.root, a.new);
+                g.allocated(fd, file, a.root, a.parent, a.new);
                 TRACKED.store(g.list.len(), Relaxed);
             }
         }
-    } else if TRACKED.load(Relaxed) > 0 {
-        let f = arg.cast::<rm::Free>().read_unaligned();
-        if f.status == rm::STATUS_OK {
-            let mut g = groups();
-            g.freed(f.root, f.old);
-            TRACKED.store(g.list.len(), Relaxed);
+        Call::Free => {
+            let f = arg.cast::<rm::Free>().read_unaligned();
+            if f.status == rm::STATUS_OK {
+                let mut g = groups();
+                g.freed(f.root, f.old);
+                TRACKED.store(g.list.len(), Relaxed);
+                publish_short(&g);
+            }
         }
+        Call::Control => {
+            let c = arg.cast::<rm::Control>().read_unaligned();
+            let ts = c.params as usize as *const rm::Timeslice;
+            if c.cmd != rm::CTRL_SET_TIMESLICE || c.status != rm::STATUS_OK || ts.is_null() || (c.params_size as usize) < size_of::<rm::Timeslice>() {
+                return;
+            }
+            // The driver took the value from there (status OK): readable.
+            let asked = ts.read_unaligned().us;
+            let mut g = groups();
+            if let Some(ours) = g.on_set(file, c.client, c.object, asked) {
+                if let Some(i) = g.list.iter().position(|x| x.file == file && x.client == c.client && x.object == c.object) {
+                    if group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, ours).is_err() {
+                        g.refuse(i);
+                        publish_short(&g);
+                    }
+                }
+            }
+        }
+        Call::Other => {}
     }
 }
 
-/// A control call: libcuda setting the timeslice of a group we hold short gets ours instead.
-unsafe fn control_call(fd: c_int, request: c_ulong, c: *mut rm::Control) -> c_int {
-    let ctl = c.read_unaligned();
-    let ts = ctl.params as usize as *mut rm::Timeslice;
-    if ctl.cmd != rm::CTRL_SET_TIMESLICE || ts.is_null() || (ctl.params_size as usize) < size_of::<rm::Timeslice>() || TRACKED.load(Relaxed) == 0 {
-        return call(fd, request, c.cast());
-    }
-    let asked = ts.read_unaligned().us;
-    let ours = catch_unwind(AssertUnwindSafe(|| groups().on_set(ctl.client, ctl.object, asked))).ok().flatten();
-    let Some(us) = ours else { return call(fd, request, c.cast()) };
-    ts.write_unaligned(rm::Timeslice { us });
-    let rc = call(fd, request, c.cast());
-    let errno = *libc::__errno_location();
-    ts.write_unaligned(rm::Timeslice { us: asked });
-    *libc::__errno_location() = errno;
-    rc
+fn publish_short(g: &Groups) {
+    let want = Some(vgpu_core::node::LOWER_TIMESLICE_US);
+    SHORT.store(if g.holds(want) { pid() } else { 0 }, Relaxed);
 }
 
 /// One control on a group of ours: `Ok(timeslice)` or the reason it failed.
@@ -142,7 +181,7 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
         ..rm::Control::default()
     };
     // SAFETY: a control on our own group, on the file it was allocated on; params point at `ts`.
-    let rc = unsafe { call(g.fd, rm::control_request() as c_ulong, (&mut c as *mut rm::Control).cast()) };
+    let rc = unsafe { call(g.fd, rm::control_request(), (&mut c as *mut rm::Control).cast()) };
     match (rc, c.status) {
         (0, rm::STATUS_OK) => Ok(ts.us),
         (0, s) => Err(format!("status 0x{s:x}")),
@@ -153,23 +192,21 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
 /// Monitor tick: bring every group to `want` (`Some(us)`: that timeslice, a higher-priority
 /// container is on the GPU; `None`: the one libcuda gave it). Nothing happens while that holds.
 pub(crate) fn apply(want: Option<u64>) {
-    if TRACKED.load(Relaxed) == 0 {
-        SHORT.store(false, Relaxed);
+    if !tracked() {
+        if SHORT.load(Relaxed) == pid() {
+            SHORT.store(0, Relaxed);
+        }
         return;
     }
     let mut g = groups();
     let steps = g.plan(want);
-    if steps.is_empty() {
-        SHORT.store(want.is_some() && g.list.iter().any(|x| x.set_us == want), Relaxed);
-        return;
-    }
     let (mut done, mut failed) = (0, None);
     for (i, step) in steps {
-        let grp = &mut g.list[i];
-        if file_of(grp.fd) != Some(grp.file) {
-            grp.refused = true; // its descriptor was closed (and maybe reused): not ours any more
+        if driver_file(g.list[i].fd) != Some(g.list[i].file) {
+            g.refuse(i); // its descriptor was closed (and maybe reused): not ours any more
             continue;
         }
+        let grp = &mut g.list[i];
         let result = match step {
             Step::Shorten { us } => {
                 let orig = match grp.original_us {
@@ -189,15 +226,17 @@ pub(crate) fn apply(want: Option<u64>) {
                 done += 1;
             }
             Err(why) => {
-                grp.refused = true;
+                g.refuse(i);
                 failed = Some(why);
             }
         }
     }
-    SHORT.store(want.is_some() && g.list.iter().any(|x| x.set_us == want), Relaxed);
-    match want {
-        Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),
-        None => vgpu_core::debug!("channel groups: {done} back to their own timeslice"),
+    SHORT.store(if g.holds(want) { pid() } else { 0 }, Relaxed);
+    if done > 0 {
+        match want {
+            Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),
+            None => vgpu_core::debug!("channel groups: {done} back to their own timeslice"),
+        }
     }
     if let Some(why) = failed {
         if !WARNED.swap(true, Relaxed) {
@@ -208,9 +247,12 @@ pub(crate) fn apply(want: Option<u64>) {
     }
 }
 
-/// In a forked child: the parent's groups are not ours (and its record may have been locked).
+/// In a forked child (also noticed by `groups` without it): the parent's groups are not ours.
 pub(crate) fn after_fork_child() {
-    GROUPS.store(std::ptr::null_mut(), Release);
+    OWNER.store(0, Release);
     TRACKED.store(0, Relaxed);
-    SHORT.store(false, Relaxed);
+    SHORT.store(0, Relaxed);
 }
+
+#[cfg(test)]
+mod tests;

@@ -88,6 +88,19 @@ pub fn decode(request: u64) -> Call {
     }
 }
 
+/// Where an allocation's status word is, by the size its request names: `NVOS21_PARAMETERS`
+/// (32 bytes) or `NVOS64_PARAMETERS` (48). The driver answers 0 and puts its error there.
+pub fn alloc_status_offset(request: u64) -> Option<usize> {
+    match (request >> 16) & 0x3fff {
+        32 => Some(28),
+        48 => Some(40),
+        _ => None,
+    }
+}
+
+/// The NVIDIA driver's character devices (`/dev/nvidiactl`, `/dev/nvidiaN`): major 195.
+pub const DRIVER_MAJOR: u32 = 195;
+
 /// The request number of a control call (`_IOWR('F', NV_ESC_RM_CONTROL, NVOS54_PARAMETERS)`).
 pub const fn control_request() -> u64 {
     (3 << 30) | ((size_of::<Control>() as u64) << 16) | ((IOCTL_TYPE as u64) << 8) | ESC_CONTROL as u64
@@ -102,6 +115,8 @@ pub struct Group {
     pub file: (u64, u64),
     pub client: u32,
     pub object: u32,
+    /// Its parent (the device object): freeing it frees the group.
+    pub parent: u32,
     /// Its timeslice before we changed it (what libcuda set), once read.
     pub original_us: Option<u64>,
     /// What we set it to (`None`: the driver's own).
@@ -129,20 +144,27 @@ pub struct Groups {
 pub const MAX_GROUPS: usize = 1024;
 
 impl Groups {
-    pub fn allocated(&mut self, fd: i32, file: (u64, u64), client: u32, object: u32) {
+    pub fn allocated(&mut self, fd: i32, file: (u64, u64), client: u32, parent: u32, object: u32) {
         self.freed(client, object);
         if self.list.len() < MAX_GROUPS {
-            self.list.push(Group { fd, file, client, object, original_us: None, set_us: None, refused: false });
+            self.list.push(Group { fd, file, client, object, parent, original_us: None, set_us: None, refused: false });
         }
     }
 
-    /// `object` of `client` was freed (the whole client when `object == client`).
+    /// `object` of `client` was freed: the group itself, its parent, or the whole client.
     pub fn freed(&mut self, client: u32, object: u32) {
-        self.list.retain(|g| !(g.client == client && (g.object == object || object == client)));
+        self.list.retain(|g| !(g.client == client && (g.object == object || g.parent == object || object == client)));
     }
 
-    pub fn find(&mut self, client: u32, object: u32) -> Option<&mut Group> {
-        self.list.iter_mut().find(|g| g.client == client && g.object == object)
+    /// A control on a group failed: left at whatever it runs now, never counted as ours.
+    pub fn refuse(&mut self, i: usize) {
+        self.list[i].refused = true;
+        self.list[i].set_us = None;
+    }
+
+    /// Does some live group of ours run `want` (a short timeslice we set)?
+    pub fn holds(&self, want: Option<u64>) -> bool {
+        want.is_some() && self.list.iter().any(|g| !g.refused && g.set_us == want)
     }
 
     /// The steps that bring every group to `want` (`Some(us)`: that timeslice; `None`: its own).
@@ -161,13 +183,12 @@ impl Groups {
         steps
     }
 
-    /// libcuda sets a group's timeslice itself (`asked` us): the value to pass on instead, when
-    /// we hold the group at another one (the asked value becomes the one to restore).
-    pub fn on_set(&mut self, client: u32, object: u32, asked: u64) -> Option<u64> {
-        let g = self.find(client, object)?;
-        let ours = g.set_us?;
+    /// libcuda set a group's timeslice itself (`asked` us, done): that is the value to restore
+    /// from now on; `Some(ours)` when we hold the group at another one and must set it again.
+    pub fn on_set(&mut self, file: (u64, u64), client: u32, object: u32, asked: u64) -> Option<u64> {
+        let g = self.list.iter_mut().find(|g| g.file == file && g.client == client && g.object == object && !g.refused)?;
         g.original_us = Some(asked);
-        Some(ours)
+        g.set_us.filter(|&ours| ours != asked)
     }
 }
 
@@ -189,8 +210,8 @@ mod tests {
 
     fn two() -> Groups {
         let mut g = Groups::default();
-        g.allocated(5, (1, 2), 0xc1d0_001a, 0x5c00_0015);
-        g.allocated(5, (1, 2), 0xc1d0_001a, 0x5c00_003e);
+        g.allocated(5, (1, 2), 0xc1d0_001a, 0x5c00_0001, 0x5c00_0015);
+        g.allocated(5, (1, 2), 0xc1d0_001a, 0x5c00_0001, 0x5c00_003e);
         g
     }
 
@@ -209,10 +230,21 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_group_is_left_alone() {
+    fn a_refused_group_is_left_alone_and_not_counted_as_held() {
         let mut g = two();
-        g.list[0].refused = true;
+        g.list[0].set_us = Some(50);
+        g.refuse(0);
         assert_eq!(g.plan(Some(50)), vec![(1, Step::Shorten { us: 50 })]);
+        assert!(!g.holds(Some(50)), "a refused group is not short as far as anyone knows");
+        g.list[1].set_us = Some(50);
+        assert!(g.holds(Some(50)) && !g.holds(None));
+    }
+
+    #[test]
+    fn alloc_status_is_found_for_both_forms() {
+        assert_eq!(alloc_status_offset(0xc020_462b), Some(28));
+        assert_eq!(alloc_status_offset(0xc030_462b), Some(40));
+        assert_eq!(alloc_status_offset(0xc018_462b), None);
     }
 
     #[test]
@@ -220,27 +252,32 @@ mod tests {
         let mut g = two();
         g.freed(0xc1d0_001a, 0x5c00_0015);
         assert_eq!(g.list.len(), 1);
-        g.allocated(7, (1, 3), 0xc1d0_0020, 0x5c00_0015);
+        g.allocated(7, (1, 3), 0xc1d0_0020, 0x5c00_0001, 0x5c00_0015);
         g.freed(0xc1d0_001a, 0xc1d0_001a);
         assert_eq!(g.list.iter().map(|x| x.client).collect::<Vec<_>>(), vec![0xc1d0_0020]);
+        g.freed(0xc1d0_0020, 0x5c00_0001); // its parent (the device object)
+        assert!(g.list.is_empty());
     }
 
     #[test]
-    fn libcuda_setting_a_held_group_passes_on_ours_and_remembers_its_own() {
+    fn libcuda_setting_a_group_becomes_the_value_to_restore_and_a_held_one_is_set_again() {
         let mut g = two();
-        assert_eq!(g.on_set(0xc1d0_001a, 0x5c00_0015, 2048), None, "not held: libcuda's value goes through");
+        let f = (1, 2);
+        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 1024), None, "not held: nothing to redo");
+        assert_eq!(g.list[0].original_us, Some(1024), "even while not held, it is what to restore later");
         g.list[0].set_us = Some(50);
-        g.list[0].original_us = Some(1024);
-        assert_eq!(g.on_set(0xc1d0_001a, 0x5c00_0015, 2048), Some(50));
+        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 2048), Some(50));
         assert_eq!(g.list[0].original_us, Some(2048));
-        assert_eq!(g.on_set(0xdead, 0x5c00_0015, 2048), None, "another client's group");
+        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 50), None, "it asked what we hold: nothing to redo");
+        assert_eq!(g.on_set(f, 0xdead, 0x5c00_0015, 2048), None, "another client's group");
+        assert_eq!(g.on_set((9, 9), 0xc1d0_001a, 0x5c00_0015, 2048), None, "the same handles on another file");
     }
 
     #[test]
     fn the_record_is_bounded() {
         let mut g = Groups::default();
         for i in 0..(MAX_GROUPS as u32 + 10) {
-            g.allocated(3, (0, 0), 1, 100 + i);
+            g.allocated(3, (0, 0), 1, 2, 100 + i);
         }
         assert_eq!(g.list.len(), MAX_GROUPS);
     }

@@ -1,0 +1,210 @@
+//! The channel-group record against a fake resource manager behind the `ioctl` override (the
+//! real one is a GPU's): each case is a finding of the session-13 review that failed before its
+//! fix. The statics are the process's, so the cases run in one test, in order.
+
+use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+/// Timeslice per (client, object) of the fake driver's channel groups.
+static RM: Mutex<Option<HashMap<(u32, u32), u64>>> = Mutex::new(None);
+static FAIL_ALLOC: AtomicBool = AtomicBool::new(false);
+/// A set-timeslice of this value waits (inside the driver) until `RELEASE`.
+static PARK_ON: AtomicU64 = AtomicU64::new(u64::MAX);
+static PARKED: AtomicBool = AtomicBool::new(false);
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+fn rm() -> std::sync::MutexGuard<'static, Option<HashMap<(u32, u32), u64>>> {
+    RM.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+unsafe extern "C" fn fake(_fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    match rm::decode(request) {
+        Call::Alloc => {
+            let a = arg.cast::<rm::AllocHead>().read();
+            let status = arg.cast::<u8>().add(28).cast::<u32>();
+            if FAIL_ALLOC.load(SeqCst) {
+                *status = 0x1f; // NV_ERR_INSERT_DUPLICATE_NAME: nothing allocated
+            } else {
+                rm().get_or_insert_default().insert((a.root, a.new), 2048);
+                *status = 0;
+            }
+            0
+        }
+        Call::Free => {
+            let f = arg.cast::<rm::Free>();
+            let fr = f.read();
+            rm().get_or_insert_default().retain(|k, _| !(k.0 == fr.root && (k.1 == fr.old || fr.old == fr.root)));
+            (*f).status = 0;
+            0
+        }
+        Call::Control => {
+            let c = arg.cast::<rm::Control>();
+            let ts = (*c).params as usize as *mut rm::Timeslice;
+            if (*c).cmd == rm::CTRL_SET_TIMESLICE && (*ts).us == PARK_ON.load(SeqCst) {
+                PARKED.store(true, SeqCst);
+                while !RELEASE.load(SeqCst) {
+                    std::thread::yield_now();
+                }
+            }
+            let mut m = rm();
+            let Some(v) = m.get_or_insert_default().get_mut(&((*c).client, (*c).object)) else {
+                (*c).status = 0x57; // NV_ERR_INVALID_OBJECT_HANDLE
+                return 0;
+            };
+            match (*c).cmd {
+                rm::CTRL_GET_TIMESLICE => (*ts).us = *v,
+                rm::CTRL_SET_TIMESLICE => *v = (*ts).us,
+                _ => {}
+            }
+            (*c).status = 0;
+            0
+        }
+        Call::Other => -1,
+    }
+}
+
+/// A fresh fake driver on a character device of ours (`/dev/null`, its major the driver's).
+fn reset() -> c_int {
+    REAL.store(fake as IoctlFn as usize, SeqCst);
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::stat(c"/dev/null".as_ptr(), &mut st) }, 0);
+    DRIVER_MAJOR.store(libc::major(st.st_rdev), SeqCst);
+    after_fork_child();
+    *rm() = Some(HashMap::new());
+    FAIL_ALLOC.store(false, SeqCst);
+    PARK_ON.store(u64::MAX, SeqCst);
+    PARKED.store(false, SeqCst);
+    RELEASE.store(false, SeqCst);
+    unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) }
+}
+
+#[repr(C)]
+struct Nvos21 {
+    h: rm::AllocHead,
+    params: u64,
+    size: u32,
+    status: u32,
+}
+
+fn alloc(fd: c_int, client: u32, parent: u32, object: u32) {
+    let mut a = Nvos21 { h: rm::AllocHead { root: client, parent, new: object, class: rm::CHANNEL_GROUP }, params: 0, size: 0, status: 0 };
+    unsafe { ioctl(fd, 0xc020_462b, (&mut a as *mut Nvos21).cast()) };
+}
+
+fn libcuda_sets(fd: c_int, client: u32, object: u32, us: u64) {
+    let mut ts = rm::Timeslice { us };
+    let mut c = rm::Control { client, object, cmd: rm::CTRL_SET_TIMESLICE, params: &mut ts as *mut _ as u64, params_size: 8, ..Default::default() };
+    unsafe { ioctl(fd, rm::control_request(), (&mut c as *mut rm::Control).cast()) };
+    assert_eq!(ts.us, us, "the caller's value is never changed");
+}
+
+fn free(fd: c_int, client: u32, object: u32) {
+    let mut f = rm::Free { root: client, parent: client, old: object, status: 0 };
+    unsafe { ioctl(fd, 0xc010_4629, (&mut f as *mut rm::Free).cast()) };
+}
+
+fn actual(client: u32, object: u32) -> Option<u64> {
+    rm().as_ref().and_then(|m| m.get(&(client, object)).copied())
+}
+
+#[test]
+fn channel_groups_against_a_fake_driver() {
+    // Shortened, then restored to what it was; short() says so.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    assert_eq!((actual(1, 10), short()), (Some(50), true));
+    apply(None);
+    assert_eq!((actual(1, 10), short()), (Some(2048), false));
+
+    // libcuda changes the timeslice while the group is not held: a later restore writes that.
+    libcuda_sets(fd, 1, 10, 1024);
+    apply(Some(50));
+    apply(None);
+    assert_eq!(actual(1, 10), Some(1024), "a restore wrote a stale original");
+
+    // libcuda sets a held group: the driver gets libcuda's value, then ours again.
+    apply(Some(50));
+    libcuda_sets(fd, 1, 10, 2048);
+    assert_eq!((actual(1, 10), short()), (Some(50), true));
+    apply(None);
+    assert_eq!(actual(1, 10), Some(2048));
+
+    // A failed allocation reusing a held group's handle is not a group.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    FAIL_ALLOC.store(true, SeqCst);
+    alloc(fd, 1, 5, 10);
+    apply(None);
+    assert_eq!(actual(1, 10), Some(2048), "the held group was never restored");
+
+    // Its descriptor closed: not short any more, whatever the next ticks want.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    unsafe { libc::close(fd) };
+    apply(None);
+    apply(Some(50));
+    assert!(!short(), "short() with no live group");
+
+    // Freed with its parent (the device object): forgotten.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    free(fd, 1, 5);
+    assert_eq!((TRACKED.load(SeqCst), short()), (0, false));
+
+    // libcuda's set is inside the driver when the monitor shortens the group: ours wins after.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    PARK_ON.store(1024, SeqCst);
+    let t = std::thread::spawn(move || libcuda_sets(fd, 1, 10, 1024));
+    while !PARKED.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    apply(Some(50));
+    RELEASE.store(true, SeqCst);
+    t.join().unwrap();
+    assert_eq!((actual(1, 10), short()), (Some(50), true), "the group runs libcuda's value while we count it short");
+    apply(None);
+    assert_eq!(actual(1, 10), Some(1024), "libcuda asked 1024 last");
+
+    // A file that is not the driver's: nothing recorded.
+    let fd = reset();
+    DRIVER_MAJOR.store(u32::MAX, SeqCst);
+    alloc(fd, 1, 5, 10);
+    assert_eq!(TRACKED.load(SeqCst), 0);
+
+    // A forked child never waits on the parent's record, even one locked at the fork.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    let held = std::thread::spawn(|| {
+        let _g = groups();
+        std::thread::sleep(Duration::from_millis(1500));
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        free(fd, 1, 5);
+        alloc(fd, 2, 5, 11);
+        libcuda_sets(fd, 2, 11, 1024);
+        apply(Some(50));
+        unsafe { libc::_exit(if short() && TRACKED.load(SeqCst) == 1 { 0 } else { 3 }) };
+    }
+    let t0 = Instant::now();
+    let mut status = 0;
+    while unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == 0 {
+        if t0.elapsed() > Duration::from_secs(1) {
+            unsafe { libc::kill(child, libc::SIGKILL) };
+            unsafe { libc::waitpid(child, &mut status, 0) };
+            panic!("the forked child waited on the parent's record");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    held.join().unwrap();
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    assert_eq!(TRACKED.load(SeqCst), 1, "the parent's record is its own");
+}
