@@ -376,3 +376,31 @@ fn two_capped_containers_take_turns_instead_of_time_slicing() {
         b.stop();
     }
 }
+
+/// A lower-priority program that never synchronizes (20 ms kernels, async): its queue is bounded
+/// from its first launches, not from the monitor's first tick (it had queued 486 kernels, ~10 s
+/// of GPU time, in its first second), and it keeps its share of what the high one leaves.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_low_priority_program_that_never_synchronizes_is_bounded_from_its_first_launch() {
+    let s = Scratch::new("node-async");
+    let mut high = Bg::spawn(requests(&s, "hi", 0, 1000, 20000, 8, &[]), "high priority");
+    high.wait_line("serving=1", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = container(&s, "lo", "test_runtime_launch", 1, &[]);
+    c.args(["--us", "20000", "--seconds", "0", "--sync-every", "0"]);
+    let mut low = Bg::spawn(c, "low priority");
+    let first = low.wait_line("second=1 ", Duration::from_secs(10));
+    let t = Instant::now();
+    sleep_until(t + Duration::from_millis(4000));
+    let rates = low.rates(t, Instant::now());
+    let text = high.finish(Duration::from_secs(15));
+    let ctx = format!("{}\n{text}", low.text());
+    let launched = field(&first, "kernels_per_sec");
+    eprintln!("low priority, 20 ms kernels never synchronized: {launched:.0} launched in its first second, then {rates:?}/s");
+    // 50 kernels of 20 ms fill a second; a few more may be queued within the bound.
+    assert!(launched <= 60.0, "{launched:.0} kernels of 20 ms launched in the first second: the queue was not bounded\n{ctx}");
+    let rate = mean(&rates, &format!("low rates\n{ctx}"));
+    assert!(rate >= 0.8 * 50.0 * 0.95, "the low-priority program ran {rate:.1} kernels/s beside a 5%-busy high one (50/s alone)\n{ctx}");
+    low.stop();
+}
