@@ -49,7 +49,6 @@ fn fork_child(rt: &'static Runtime) {
     monitor::after_fork_child();
     crate::physmem::after_fork_child();
     crate::caps::after_fork_child();
-    crate::tsg::after_fork_child();
     MONITOR.store(false, Ordering::Release);
     rt.after_fork();
     start_monitor(rt);

@@ -7,11 +7,12 @@
 //! Every request reaches the driver first, unchanged; the caller's memory is read only after the
 //! driver accepted the call on one of its own files (so it read those bytes itself), and errno
 //! is kept. The record belongs to one process: a forked child starts its own without touching
-//! (or waiting on) the parent's.
+//! (or waiting on) the parent's. A signal handler that allocates a channel group while its
+//! thread is inside `apply` would wait on the record's lock (libcuda is not async-signal-safe).
 
 use std::ffi::{c_int, c_ulong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 
 use vgpu_core::rm::{self, Call, Groups, Step};
@@ -20,12 +21,19 @@ type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, *mut c_void) -> c_int;
 
 /// glibc's `ioctl` (0: not resolved yet).
 static REAL: AtomicUsize = AtomicUsize::new(0);
-/// The record, and the process it belongs to (a forked child makes its own: the parent's may
-/// have been locked by a thread the child does not have).
-static GROUPS: AtomicPtr<Mutex<Groups>> = AtomicPtr::new(std::ptr::null_mut());
-static OWNER: AtomicU32 = AtomicU32::new(0);
-/// Groups recorded (by `OWNER`): frees and controls look at the record only while some are.
-static TRACKED: AtomicUsize = AtomicUsize::new(0);
+/// This process's record; a forked child makes its own (the parent's may have been locked by a
+/// thread the child does not have), so the owner's pid is part of it.
+struct Record {
+    owner: u32,
+    /// Groups recorded: frees look at the record only while some are.
+    tracked: AtomicUsize,
+    groups: Mutex<Groups>,
+}
+static RECORD: AtomicPtr<Record> = AtomicPtr::new(std::ptr::null_mut());
+/// Descriptors seen to be the driver's character devices (+1; 0: empty): only calls on them are
+/// looked at, so other ioctls cost no `fstat`. Inherited by a forked child with the descriptors.
+const KNOWN_FDS: usize = 8;
+static KNOWN: [AtomicI64; KNOWN_FDS] = [const { AtomicI64::new(0) }; KNOWN_FDS];
 /// The process some of whose groups run the short timeslice (0: none).
 static SHORT: AtomicU32 = AtomicU32::new(0);
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -42,8 +50,49 @@ pub(crate) fn short() -> bool {
     s != 0 && s == pid()
 }
 
-fn tracked() -> bool {
-    TRACKED.load(Relaxed) > 0 && OWNER.load(Relaxed) == pid()
+/// This process's record, made on first use (in a forked child: its own, the parent's untouched).
+fn record() -> &'static Record {
+    let me = pid();
+    loop {
+        let p = RECORD.load(Acquire);
+        // SAFETY: records are leaked, never freed.
+        if let Some(r) = unsafe { p.as_ref() }.filter(|r| r.owner == me) {
+            return r;
+        }
+        let fresh = Box::into_raw(Box::new(Record { owner: me, tracked: AtomicUsize::new(0), groups: Mutex::new(Groups::default()) }));
+        if RECORD.compare_exchange(p, fresh, AcqRel, Acquire).is_ok() {
+            // SAFETY: just published, never freed.
+            return unsafe { &*fresh };
+        }
+        // SAFETY: `fresh` was never shared; another thread published first: look again.
+        drop(unsafe { Box::from_raw(fresh) });
+    }
+}
+
+/// This process's record if it tracks some groups (never makes one).
+fn tracking() -> Option<&'static Record> {
+    // SAFETY: records are leaked, never freed.
+    let r = unsafe { RECORD.load(Acquire).as_ref() }?;
+    (r.tracked.load(Relaxed) > 0 && r.owner == pid()).then_some(r)
+}
+
+fn lock(r: &Record) -> MutexGuard<'_, Groups> {
+    r.groups.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn known(fd: c_int) -> bool {
+    KNOWN.iter().any(|k| k.load(Relaxed) == fd as i64 + 1)
+}
+
+fn remember(fd: c_int) {
+    if known(fd) {
+        return;
+    }
+    for k in &KNOWN {
+        if k.compare_exchange(0, fd as i64 + 1, Relaxed, Relaxed).is_ok() {
+            return;
+        }
+    }
 }
 
 fn real() -> Option<IoctlFn> {
@@ -65,29 +114,6 @@ unsafe fn call(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     }
 }
 
-/// This process's record (a fresh one in a forked child, the parent's left untouched).
-fn groups() -> MutexGuard<'static, Groups> {
-    let me = pid();
-    let mut p = GROUPS.load(Acquire);
-    if p.is_null() || OWNER.load(Acquire) != me {
-        let fresh = Box::into_raw(Box::new(Mutex::new(Groups::default())));
-        p = match GROUPS.compare_exchange(p, fresh, AcqRel, Acquire) {
-            Ok(_) => {
-                TRACKED.store(0, Relaxed);
-                OWNER.store(me, Release);
-                fresh
-            }
-            Err(current) => {
-                // SAFETY: `fresh` was never shared.
-                drop(unsafe { Box::from_raw(fresh) });
-                current
-            }
-        };
-    }
-    // SAFETY: leaked, never freed.
-    unsafe { &*p }.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The (device, inode) of `fd` when it is one of the NVIDIA driver's character devices.
 fn driver_file(fd: c_int) -> Option<(u64, u64)> {
     // SAFETY: fstat writes into the zeroed struct only.
@@ -102,11 +128,13 @@ fn driver_file(fd: c_int) -> Option<(u64, u64)> {
 pub(crate) unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     let kind = if arg.is_null() { Call::Other } else { rm::decode(request) };
     let rc = call(fd, request, arg);
+    // Allocations on any descriptor (a channel group may come on a new one); frees and controls
+    // only on a driver descriptor seen before.
     let watch = rc == 0
         && match kind {
             Call::Other => false,
             Call::Alloc => true,
-            Call::Free | Call::Control => tracked(),
+            Call::Free | Call::Control => known(fd),
         };
     if watch {
         let errno = *libc::__errno_location();
@@ -118,27 +146,38 @@ pub(crate) unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_i
 }
 
 /// The driver accepted an allocation, free or control on `fd`: record or forget channel groups;
-/// after libcuda set a group's timeslice, remember it, and set ours again if we hold the group.
+/// after libcuda set a group's timeslice, remember it and set the group where it must end.
 unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
-    let Some(file) = driver_file(fd) else { return };
-    // The driver copied at least the size the request names from `arg`: it is readable.
+    // Only on the driver's own files: it copied at least the size the request names from `arg`,
+    // so those bytes are readable. A known descriptor was one (closing and reusing it for another
+    // driver's 'F' requests of these exact shapes is not guarded).
+    if !known(fd) {
+        if driver_file(fd).is_none() {
+            return;
+        }
+        remember(fd);
+    }
     match kind {
         Call::Alloc => {
             let a = arg.cast::<rm::AllocHead>().read_unaligned();
             let Some(at) = rm::alloc_status_offset(request) else { return };
             let status = arg.cast::<u8>().add(at).cast::<u32>().read_unaligned();
-            if a.class == rm::CHANNEL_GROUP && status == rm::STATUS_OK {
-                let mut g = groups();
-                g.allocated(fd, file, a.root, a.parent, a.new);
-                TRACKED.store(g.list.len(), Relaxed);
+            if a.class != rm::CHANNEL_GROUP || status != rm::STATUS_OK {
+                return;
             }
+            let Some(file) = driver_file(fd) else { return };
+            let r = record();
+            let mut g = lock(r);
+            g.allocated(fd, file, a.root, a.parent, a.new);
+            r.tracked.store(g.list.len(), Relaxed);
         }
         Call::Free => {
             let f = arg.cast::<rm::Free>().read_unaligned();
+            let Some(r) = tracking() else { return };
             if f.status == rm::STATUS_OK {
-                let mut g = groups();
+                let mut g = lock(r);
                 g.freed(f.root, f.old);
-                TRACKED.store(g.list.len(), Relaxed);
+                r.tracked.store(g.list.len(), Relaxed);
                 publish_short(&g);
             }
         }
@@ -148,15 +187,14 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
             if c.cmd != rm::CTRL_SET_TIMESLICE || c.status != rm::STATUS_OK || ts.is_null() || (c.params_size as usize) < size_of::<rm::Timeslice>() {
                 return;
             }
+            let (Some(r), Some(file)) = (tracking(), driver_file(fd)) else { return };
             // The driver took the value from there (status OK): readable.
             let asked = ts.read_unaligned().us;
-            let mut g = groups();
-            if let Some(ours) = g.on_set(file, c.client, c.object, asked) {
-                if let Some(i) = g.list.iter().position(|x| x.file == file && x.client == c.client && x.object == c.object) {
-                    if group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, ours).is_err() {
-                        g.refuse(i);
-                        publish_short(&g);
-                    }
+            let mut g = lock(r);
+            if let Some((i, us)) = g.on_set(file, c.client, c.object, asked) {
+                if group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, us).is_err() {
+                    g.refuse(i);
+                    publish_short(&g);
                 }
             }
         }
@@ -192,13 +230,13 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
 /// Monitor tick: bring every group to `want` (`Some(us)`: that timeslice, a higher-priority
 /// container is on the GPU; `None`: the one libcuda gave it). Nothing happens while that holds.
 pub(crate) fn apply(want: Option<u64>) {
-    if !tracked() {
+    let Some(r) = tracking() else {
         if SHORT.load(Relaxed) == pid() {
             SHORT.store(0, Relaxed);
         }
         return;
-    }
-    let mut g = groups();
+    };
+    let mut g = lock(r);
     let steps = g.plan(want);
     let (mut done, mut failed) = (0, None);
     for (i, step) in steps {
@@ -223,6 +261,7 @@ pub(crate) fn apply(want: Option<u64>) {
         match result {
             Ok(set) => {
                 grp.set_us = set;
+                grp.touched = true;
                 done += 1;
             }
             Err(why) => {
@@ -245,13 +284,6 @@ pub(crate) fn apply(want: Option<u64>) {
             );
         }
     }
-}
-
-/// In a forked child (also noticed by `groups` without it): the parent's groups are not ours.
-pub(crate) fn after_fork_child() {
-    OWNER.store(0, Release);
-    TRACKED.store(0, Relaxed);
-    SHORT.store(0, Relaxed);
 }
 
 #[cfg(test)]

@@ -123,6 +123,8 @@ pub struct Group {
     pub set_us: Option<u64>,
     /// A control on it failed: left alone from then on.
     pub refused: bool,
+    /// We have set its timeslice at least once (shortened or restored).
+    pub touched: bool,
 }
 
 /// What to do to one group to reach the wanted timeslice.
@@ -147,7 +149,7 @@ impl Groups {
     pub fn allocated(&mut self, fd: i32, file: (u64, u64), client: u32, parent: u32, object: u32) {
         self.freed(client, object);
         if self.list.len() < MAX_GROUPS {
-            self.list.push(Group { fd, file, client, object, parent, original_us: None, set_us: None, refused: false });
+            self.list.push(Group { fd, file, client, object, parent, original_us: None, set_us: None, refused: false, touched: false });
         }
     }
 
@@ -184,11 +186,14 @@ impl Groups {
     }
 
     /// libcuda set a group's timeslice itself (`asked` us, done): that is the value to restore
-    /// from now on; `Some(ours)` when we hold the group at another one and must set it again.
-    pub fn on_set(&mut self, file: (u64, u64), client: u32, object: u32, asked: u64) -> Option<u64> {
-        let g = self.list.iter_mut().find(|g| g.file == file && g.client == client && g.object == object && !g.refused)?;
+    /// from now on. `Some(us)`: the value the group must end at, to set again (under the same
+    /// lock as the monitor's own sets, so the last write is always the record's): ours while we
+    /// hold it, else libcuda's (a restore of ours may have landed after libcuda's set).
+    pub fn on_set(&mut self, file: (u64, u64), client: u32, object: u32, asked: u64) -> Option<(usize, u64)> {
+        let i = self.list.iter().position(|g| g.file == file && g.client == client && g.object == object && !g.refused)?;
+        let g = &mut self.list[i];
         g.original_us = Some(asked);
-        g.set_us.filter(|&ours| ours != asked)
+        g.touched.then(|| (i, g.set_us.unwrap_or(asked)))
     }
 }
 
@@ -260,15 +265,17 @@ mod tests {
     }
 
     #[test]
-    fn libcuda_setting_a_group_becomes_the_value_to_restore_and_a_held_one_is_set_again() {
+    fn libcuda_setting_a_group_becomes_the_value_to_restore_and_a_touched_one_is_set_again() {
         let mut g = two();
         let f = (1, 2);
-        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 1024), None, "not held: nothing to redo");
+        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 1024), None, "never touched: nothing to redo");
         assert_eq!(g.list[0].original_us, Some(1024), "even while not held, it is what to restore later");
+        g.list[0].touched = true;
         g.list[0].set_us = Some(50);
-        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 2048), Some(50));
+        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 2048), Some((0, 50)), "held: ours again");
         assert_eq!(g.list[0].original_us, Some(2048));
-        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 50), None, "it asked what we hold: nothing to redo");
+        g.list[0].set_us = None;
+        assert_eq!(g.on_set(f, 0xc1d0_001a, 0x5c00_0015, 1024), Some((0, 1024)), "restored by us: libcuda's, after any restore");
         assert_eq!(g.on_set(f, 0xdead, 0x5c00_0015, 2048), None, "another client's group");
         assert_eq!(g.on_set((9, 9), 0xc1d0_001a, 0x5c00_0015, 2048), None, "the same handles on another file");
     }

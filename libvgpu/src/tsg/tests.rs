@@ -14,6 +14,8 @@ static FAIL_ALLOC: AtomicBool = AtomicBool::new(false);
 static PARK_ON: AtomicU64 = AtomicU64::new(u64::MAX);
 static PARKED: AtomicBool = AtomicBool::new(false);
 static RELEASE: AtomicBool = AtomicBool::new(false);
+/// A set-timeslice of this value takes effect, then waits (before the driver returns) until `RELEASE`.
+static PARK_AFTER: AtomicU64 = AtomicU64::new(u64::MAX);
 
 fn rm() -> std::sync::MutexGuard<'static, Option<HashMap<(u32, u32), u64>>> {
     RM.lock().unwrap_or_else(|e| e.into_inner())
@@ -48,17 +50,25 @@ unsafe extern "C" fn fake(_fd: c_int, request: c_ulong, arg: *mut c_void) -> c_i
                     std::thread::yield_now();
                 }
             }
-            let mut m = rm();
-            let Some(v) = m.get_or_insert_default().get_mut(&((*c).client, (*c).object)) else {
-                (*c).status = 0x57; // NV_ERR_INVALID_OBJECT_HANDLE
-                return 0;
-            };
-            match (*c).cmd {
-                rm::CTRL_GET_TIMESLICE => (*ts).us = *v,
-                rm::CTRL_SET_TIMESLICE => *v = (*ts).us,
-                _ => {}
+            {
+                let mut m = rm();
+                let Some(v) = m.get_or_insert_default().get_mut(&((*c).client, (*c).object)) else {
+                    (*c).status = 0x57; // NV_ERR_INVALID_OBJECT_HANDLE
+                    return 0;
+                };
+                match (*c).cmd {
+                    rm::CTRL_GET_TIMESLICE => (*ts).us = *v,
+                    rm::CTRL_SET_TIMESLICE => *v = (*ts).us,
+                    _ => {}
+                }
+                (*c).status = 0;
             }
-            (*c).status = 0;
+            if (*c).cmd == rm::CTRL_SET_TIMESLICE && (*ts).us == PARK_AFTER.load(SeqCst) {
+                PARKED.store(true, SeqCst);
+                while !RELEASE.load(SeqCst) {
+                    std::thread::yield_now();
+                }
+            }
             0
         }
         Call::Other => -1,
@@ -71,10 +81,15 @@ fn reset() -> c_int {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::stat(c"/dev/null".as_ptr(), &mut st) }, 0);
     DRIVER_MAJOR.store(libc::major(st.st_rdev), SeqCst);
-    after_fork_child();
+    RECORD.store(std::ptr::null_mut(), SeqCst);
+    SHORT.store(0, SeqCst);
+    for k in &KNOWN {
+        k.store(0, SeqCst);
+    }
     *rm() = Some(HashMap::new());
     FAIL_ALLOC.store(false, SeqCst);
     PARK_ON.store(u64::MAX, SeqCst);
+    PARK_AFTER.store(u64::MAX, SeqCst);
     PARKED.store(false, SeqCst);
     RELEASE.store(false, SeqCst);
     unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) }
@@ -103,6 +118,10 @@ fn libcuda_sets(fd: c_int, client: u32, object: u32, us: u64) {
 fn free(fd: c_int, client: u32, object: u32) {
     let mut f = rm::Free { root: client, parent: client, old: object, status: 0 };
     unsafe { ioctl(fd, 0xc010_4629, (&mut f as *mut rm::Free).cast()) };
+}
+
+fn tracked_now() -> usize {
+    tracking().map_or(0, |r| r.tracked.load(SeqCst))
 }
 
 fn actual(client: u32, object: u32) -> Option<u64> {
@@ -155,7 +174,7 @@ fn channel_groups_against_a_fake_driver() {
     alloc(fd, 1, 5, 10);
     apply(Some(50));
     free(fd, 1, 5);
-    assert_eq!((TRACKED.load(SeqCst), short()), (0, false));
+    assert_eq!((tracked_now(), short()), (0, false));
 
     // libcuda's set is inside the driver when the monitor shortens the group: ours wins after.
     let fd = reset();
@@ -172,17 +191,49 @@ fn channel_groups_against_a_fake_driver() {
     apply(None);
     assert_eq!(actual(1, 10), Some(1024), "libcuda asked 1024 last");
 
+    // libcuda's set lands, then our restore, then libcuda's bookkeeping: libcuda's value wins.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    PARK_AFTER.store(1024, SeqCst);
+    let t = std::thread::spawn(move || libcuda_sets(fd, 1, 10, 1024));
+    while !PARKED.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    apply(None);
+    RELEASE.store(true, SeqCst);
+    t.join().unwrap();
+    assert_eq!((actual(1, 10), short()), (Some(1024), false), "a restore overwrote libcuda's newer value");
+
+    // Threads making their first channel groups at once: none is lost.
+    for round in 0..500 {
+        let fd = reset();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4u32)
+            .map(|i| {
+                let b = barrier.clone();
+                std::thread::spawn(move || {
+                    b.wait();
+                    alloc(fd, 1, 5, 100 + i);
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(tracked_now(), 4, "round {round}: a group allocated on a fresh record was lost");
+        unsafe { libc::close(fd) };
+    }
+
     // A file that is not the driver's: nothing recorded.
     let fd = reset();
     DRIVER_MAJOR.store(u32::MAX, SeqCst);
     alloc(fd, 1, 5, 10);
-    assert_eq!(TRACKED.load(SeqCst), 0);
+    assert_eq!(tracked_now(), 0);
 
     // A forked child never waits on the parent's record, even one locked at the fork.
     let fd = reset();
     alloc(fd, 1, 5, 10);
     let held = std::thread::spawn(|| {
-        let _g = groups();
+        let _g = lock(record());
         std::thread::sleep(Duration::from_millis(1500));
     });
     std::thread::sleep(Duration::from_millis(100));
@@ -192,7 +243,7 @@ fn channel_groups_against_a_fake_driver() {
         alloc(fd, 2, 5, 11);
         libcuda_sets(fd, 2, 11, 1024);
         apply(Some(50));
-        unsafe { libc::_exit(if short() && TRACKED.load(SeqCst) == 1 { 0 } else { 3 }) };
+        unsafe { libc::_exit(if short() && tracked_now() == 1 { 0 } else { 3 }) };
     }
     let t0 = Instant::now();
     let mut status = 0;
@@ -206,5 +257,5 @@ fn channel_groups_against_a_fake_driver() {
     }
     held.join().unwrap();
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
-    assert_eq!(TRACKED.load(SeqCst), 1, "the parent's record is its own");
+    assert_eq!(tracked_now(), 1, "the parent's record is its own");
 }
