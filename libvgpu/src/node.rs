@@ -35,6 +35,9 @@ struct DevNode {
 static NODES: [AtomicPtr<DevNode>; MAX_DEVICES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
 /// A higher-priority container shares device d: hold while it has work, bound our queue.
 static DEFER: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Our channel groups run the short timeslice (`tsg::short`, read by the monitor so the launch
+/// path makes no system call for it): a lower priority's queue may be the longer bound.
+static PREEMPTIBLE: AtomicBool = AtomicBool::new(false);
 /// A lower-priority container shares device d: declare our work.
 static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Another container on device d has work (soft cap withheld); meaningful while attached.
@@ -76,7 +79,7 @@ pub(crate) fn others_busy(dev: usize) -> Option<bool> {
 
 /// What this process keeps queued at most on `dev` (a higher-priority container is there).
 pub(crate) fn queue_bound(dev: usize) -> Option<u64> {
-    DEFER.get(dev)?.load(Relaxed).then(|| node::lower_queue_ns(crate::tsg::short()))
+    DEFER.get(dev)?.load(Relaxed).then(|| node::lower_queue_ns(PREEMPTIBLE.load(Relaxed)))
 }
 
 /// Our turn on `dev`, while capped containers of our priority take turns there.
@@ -240,4 +243,5 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
     // (a process with several GPUs does so on all of them: its groups' GPUs are not tracked).
     let defer = (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed));
     crate::tsg::apply(defer.then_some(node::LOWER_TIMESLICE_US));
+    PREEMPTIBLE.store(crate::tsg::short(), Relaxed);
 }

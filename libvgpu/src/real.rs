@@ -67,6 +67,9 @@ unsafe fn as_fn<F: Copy>(p: *mut c_void) -> F {
 pub enum Lib {
     Cuda,
     Nvml,
+    /// glibc itself, for the few libc functions the hook exports too (`ioctl`): its own handle
+    /// finds glibc's definition, never ours.
+    Libc,
 }
 
 #[allow(non_upper_case_globals)]
@@ -76,6 +79,7 @@ impl Lib {
         match self {
             Lib::Cuda => crate::ffi::CUDA_ERROR_NOT_FOUND,
             Lib::Nvml => crate::ffi::NVML_ERROR_FUNCTION_NOT_FOUND,
+            Lib::Libc => -1,
         }
     }
     /// The error a shim returns when our own code panicked.
@@ -83,20 +87,24 @@ impl Lib {
         match self {
             Lib::Cuda => crate::ffi::CUDA_ERROR_UNKNOWN,
             Lib::Nvml => crate::ffi::NVML_ERROR_UNKNOWN,
+            Lib::Libc => -1,
         }
     }
     fn soname(self) -> &'static std::ffi::CStr {
         match self {
             Lib::Cuda => c"libcuda.so.1",
             Lib::Nvml => c"libnvidia-ml.so.1",
+            Lib::Libc => c"libc.so.6",
         }
     }
     fn cell(self) -> &'static AtomicPtr<c_void> {
         static CUDA: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
         static NVML: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+        static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
         match self {
             Lib::Cuda => &CUDA,
             Lib::Nvml => &NVML,
+            Lib::Libc => &LIBC,
         }
     }
     /// Our own `dlopen` handle on the library (opened on first use, RTLD_NOW|RTLD_GLOBAL), or

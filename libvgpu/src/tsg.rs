@@ -15,12 +15,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::real::{Lib, Slot};
 use vgpu_core::rm::{self, Call, Groups, Step};
 
 type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, *mut c_void) -> c_int;
 
-/// glibc's `ioctl` (0: not resolved yet).
-static REAL: AtomicUsize = AtomicUsize::new(0);
+/// glibc's `ioctl`.
+// SAFETY: `ioctl(int, unsigned long, ...)`: its third argument is passed as a pointer.
+static REAL: Slot<IoctlFn> = unsafe { Slot::new(Lib::Libc, c"ioctl") };
+/// The unit tests' fake driver, in place of glibc's `ioctl`.
+#[cfg(test)]
+static FAKE: std::sync::OnceLock<IoctlFn> = std::sync::OnceLock::new();
 /// This process's record; a forked child makes its own (the parent's may have been locked by a
 /// thread the child does not have), so the owner's pid is part of it.
 struct Record {
@@ -95,20 +100,13 @@ fn remember(fd: c_int) {
     }
 }
 
-fn real() -> Option<IoctlFn> {
-    let mut p = REAL.load(Relaxed);
-    if p == 0 {
-        // SAFETY: NUL-terminated name; glibc's dlsym called from this object: RTLD_NEXT is libc's.
-        p = unsafe { crate::real::real_dlsym()(libc::RTLD_NEXT, c"ioctl".as_ptr()) } as usize;
-        REAL.store(p, Relaxed);
-    }
-    // SAFETY: `ioctl(int, unsigned long, ...)`: its third argument is passed as a pointer.
-    (p != 0).then(|| unsafe { std::mem::transmute::<usize, IoctlFn>(p) })
-}
-
 /// The driver's call, by glibc's `ioctl` (or the system call, should it not be found).
 unsafe fn call(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
-    match real() {
+    #[cfg(test)]
+    if let Some(f) = FAKE.get() {
+        return f(fd, request, arg);
+    }
+    match REAL.get() {
         Some(f) => f(fd, request, arg),
         None => libc::syscall(libc::SYS_ioctl, fd, request, arg) as c_int,
     }

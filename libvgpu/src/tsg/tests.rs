@@ -77,7 +77,7 @@ unsafe extern "C" fn fake(_fd: c_int, request: c_ulong, arg: *mut c_void) -> c_i
 
 /// A fresh fake driver on a character device of ours (`/dev/null`, its major the driver's).
 fn reset() -> c_int {
-    REAL.store(fake as IoctlFn as usize, SeqCst);
+    let _ = FAKE.set(fake);
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::stat(c"/dev/null".as_ptr(), &mut st) }, 0);
     DRIVER_MAJOR.store(libc::major(st.st_rdev), SeqCst);
