@@ -6,8 +6,11 @@ least 80% of the GPU time the service leaves idle (its throughput over its solo 
 times (1 - the service's alone utilization)).
 usage: priority.py [SECONDS]   (env DIST; LIBVGPU: another build of the hook to preload; OUT: appends a JSON line to $OUT/priority.jsonl;
 TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/samples/test_streams --progress --seconds 600 --us 50
---sync-every 0", to tell what the training's kernel lengths cost the service's tail; MODES="priority" skips the run
-without priority)"""
+--sync-every 0", to tell what the training's kernel lengths cost the service's tail; MODES: the runs beside the
+service, "no_priority priority" by default; "idle_higher" adds one beside a priority-0 container that is on the GPU
+but sends nothing: what being the lower priority costs the training by itself (its rate over its solo rate);
+CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
+hook's lines of each training run go to $OUT/priority-train-MODE.log)"""
 import json
 import os
 import subprocess
@@ -21,6 +24,10 @@ from share import DIST, Proc  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20
 TRAIN = os.environ.get("TRAIN", "").split() or [sys.executable, f"{HERE}/workloads.py", "gpt2"]
+CPUS = os.environ.get("CPUS", "").split(":") if os.environ.get("CPUS") else None
+SERVICE = [sys.executable, f"{HERE}/service.py", str(secs)]
+if CPUS:
+    SERVICE, TRAIN = ["taskset", "-c", CPUS[0]] + SERVICE, ["taskset", "-c", CPUS[1]] + TRAIN
 node_dir = tempfile.mkdtemp(prefix="node-")
 
 
@@ -32,7 +39,7 @@ def env(prio, tag):
 
 
 def service(prio):
-    out = subprocess.run([sys.executable, f"{HERE}/service.py", str(secs)], env=env(prio, "svc"),
+    out = subprocess.run(SERVICE, env=env(prio, "svc"),
                          capture_output=True, text=True, check=True).stdout
     line = [x for x in out.splitlines() if x.startswith("service ")][-1]
     return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
@@ -42,6 +49,14 @@ def training_rate(p, t0, t1):
     return (p.at(t1) - p.at(t0)) / (t1 - t0)
 
 
+def stop(train, mode):
+    train.p.terminate()
+    train.p.wait()
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"priority-train-{mode}.log"), "a") as f:
+            f.writelines(x for x in train.log if x.startswith("[libvgpu"))
+
+
 # Training alone: its solo throughput.
 train = Proc(TRAIN, env(1, "train"))
 train.ready.wait(300)
@@ -49,13 +64,26 @@ time.sleep(3)
 t0 = time.monotonic()
 time.sleep(8)
 solo = training_rate(train, t0, time.monotonic())
-train.p.terminate()
-train.p.wait()
+stop(train, "solo")
 # The service alone: its latency and how busy it keeps the GPU.
 alone = service(0)
 svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
 rec = dict(training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
 MODES = os.environ.get("MODES", "no_priority priority").split()
+if "idle_higher" in MODES:
+    idle = subprocess.Popen([sys.executable, "-c", "import time, torch; torch.ones(1, device='cuda').add_(1); "
+                             f"torch.cuda.synchronize(); print('ready', flush=True); time.sleep({secs + 400})"],
+                            env=env(0, "idle"), stdout=subprocess.PIPE, text=True)
+    idle.stdout.readline()
+    train = Proc(TRAIN, env(1, "train-idle"))
+    train.ready.wait(300)
+    time.sleep(3)
+    t0 = time.monotonic()
+    time.sleep(secs)
+    rec["idle_higher"] = dict(training_keeps=round(training_rate(train, t0, time.monotonic()) / solo, 3))
+    stop(train, "idle_higher")
+    idle.terminate()
+    idle.wait()
 for mode, train_prio in (("no_priority", 0), ("priority", 1)):
     if mode not in MODES:
         continue
@@ -66,9 +94,11 @@ for mode, train_prio in (("no_priority", 0), ("priority", 1)):
     beside = service(0)
     t1 = time.monotonic()
     keep = training_rate(train, t0, t1) / (solo * max(1e-6, 1 - svc_util))
-    train.p.terminate()
-    train.p.wait()
+    stop(train, mode)
     rec[mode] = dict(service=beside, training_keeps=round(keep, 3))
+if "priority" not in rec:
+    print("priority " + json.dumps(rec), flush=True)
+    sys.exit(0)
 p99_ratio = rec["priority"]["service"]["p99_ms"] / alone["p99_ms"]
 rec["ok_p99"] = p99_ratio <= 1.10
 rec["ok_training"] = rec["priority"]["training_keeps"] >= 0.80

@@ -168,6 +168,7 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
             let mut g = lock(r);
             g.allocated(fd, file, a.root, a.parent, a.new);
             r.tracked.store(g.list.len(), Relaxed);
+            publish_short(&g); // it runs libcuda's timeslice until the monitor's next tick
         }
         Call::Free => {
             let f = arg.cast::<rm::Free>().read_unaligned();
@@ -236,10 +237,10 @@ pub(crate) fn apply(want: Option<u64>) {
     };
     let mut g = lock(r);
     let steps = g.plan(want);
-    let (mut done, mut failed) = (0, None);
+    let (mut done, mut failed, mut gone) = (0, None, Vec::new());
     for (i, step) in steps {
         if driver_file(g.list[i].fd) != Some(g.list[i].file) {
-            g.refuse(i); // its descriptor was closed (and maybe reused): not ours any more
+            gone.push(i); // its descriptor was closed (and maybe reused): the group went with it
             continue;
         }
         let grp = &mut g.list[i];
@@ -268,6 +269,8 @@ pub(crate) fn apply(want: Option<u64>) {
             }
         }
     }
+    g.forget(&gone);
+    r.tracked.store(g.list.len(), Relaxed);
     SHORT.store(if g.holds(want) { pid() } else { 0 }, Relaxed);
     if done > 0 {
         match want {

@@ -58,26 +58,12 @@ pub const MAX_DECLARE_NS: u64 = 200_000_000;
 /// After a synchronize found nothing queued, the entry stays busy this much longer: a service
 /// answering requests back to back does not let lower priorities slip a kernel in between.
 pub const IDLE_GRACE_NS: u64 = 300_000;
-/// A lower-priority container bounds what it keeps queued on the GPU to this estimated GPU time
+/// A lower-priority container whose launches give way (its channel groups could not all be
+/// given `LOWER_TIMESLICE_US`) bounds what it keeps queued on the GPU to this estimated GPU time
 /// (capped or not), so a higher-priority launch waits behind at most about this much of it. On
 /// an H100 beside GPT-2 training, 1 ms gave a service's p99 5.03 ms (alone 2.23), 250 us 3.33 ms,
 /// while training kept 0.82 / 0.84 of the GPU time the service left.
 pub const LOWER_QUEUE_NS: u64 = 250_000;
-/// The same bound once the GPU switches away from this container's kernels quickly (its channel
-/// groups run `LOWER_TIMESLICE_US`): what it has queued no longer delays a higher-priority
-/// request. H200 beside GPT-2 with the short timeslice: 1 ms gave p99 1.07x alone with training
-/// keeping 0.885, 2 ms 1.03x and 0.864 (250 us on an H100: 1.01x, 0.783).
-pub const LOWER_QUEUE_PREEMPTIBLE_NS: u64 = 2_000_000;
-
-/// What a lower-priority container keeps queued at most: `preemptible` when the GPU takes the
-/// higher-priority work within a short timeslice of ours.
-pub fn lower_queue_ns(preemptible: bool) -> u64 {
-    if preemptible {
-        LOWER_QUEUE_PREEMPTIBLE_NS
-    } else {
-        LOWER_QUEUE_NS
-    }
-}
 /// A lower-priority container's channel groups run this timeslice (libcuda's own: 1-2 ms), so
 /// the GPU switches to a higher-priority request within about this much of a kernel already
 /// running (`rm`). H100, a service beside a training of 20 ms kernels: p99 3.16x alone at

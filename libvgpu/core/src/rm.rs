@@ -164,9 +164,18 @@ impl Groups {
         self.list[i].set_us = None;
     }
 
-    /// Does some live group of ours run `want` (a short timeslice we set)?
+    /// Does every group of ours run `want` (a short timeslice we set), so that the GPU leaves
+    /// all our work within it? A group the driver refused, or one made since the last set, runs
+    /// libcuda's own timeslice: then not.
     pub fn holds(&self, want: Option<u64>) -> bool {
-        want.is_some() && self.list.iter().any(|g| !g.refused && g.set_us == want)
+        want.is_some() && !self.list.is_empty() && self.list.iter().all(|g| g.set_us == want)
+    }
+
+    /// Groups `i` (ascending) are gone with their descriptor: forgotten.
+    pub fn forget(&mut self, gone: &[usize]) {
+        for &i in gone.iter().rev() {
+            self.list.remove(i);
+        }
     }
 
     /// The steps that bring every group to `want` (`Some(us)`: that timeslice; `None`: its own).
@@ -240,9 +249,12 @@ mod tests {
         g.list[0].set_us = Some(50);
         g.refuse(0);
         assert_eq!(g.plan(Some(50)), vec![(1, Step::Shorten { us: 50 })]);
-        assert!(!g.holds(Some(50)), "a refused group is not short as far as anyone knows");
         g.list[1].set_us = Some(50);
+        assert!(!g.holds(Some(50)), "the refused group runs libcuda's timeslice: not all short");
+        g.forget(&[0]);
         assert!(g.holds(Some(50)) && !g.holds(None));
+        g.forget(&[0]);
+        assert!(!g.holds(Some(50)), "no group: nothing the GPU preempts for us");
     }
 
     #[test]

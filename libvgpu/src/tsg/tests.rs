@@ -16,6 +16,8 @@ static PARKED: AtomicBool = AtomicBool::new(false);
 static RELEASE: AtomicBool = AtomicBool::new(false);
 /// A set-timeslice of this value takes effect, then waits (before the driver returns) until `RELEASE`.
 static PARK_AFTER: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Set-timeslice controls on this object fail (as the driver refuses one below its minimum).
+static FAIL_SET_OBJECT: AtomicU32 = AtomicU32::new(u32::MAX);
 
 fn rm() -> std::sync::MutexGuard<'static, Option<HashMap<(u32, u32), u64>>> {
     RM.lock().unwrap_or_else(|e| e.into_inner())
@@ -56,6 +58,10 @@ unsafe extern "C" fn fake(_fd: c_int, request: c_ulong, arg: *mut c_void) -> c_i
                     (*c).status = 0x57; // NV_ERR_INVALID_OBJECT_HANDLE
                     return 0;
                 };
+                if (*c).cmd == rm::CTRL_SET_TIMESLICE && (*c).object == FAIL_SET_OBJECT.load(SeqCst) {
+                    (*c).status = 0x56; // NV_ERR_NOT_SUPPORTED
+                    return 0;
+                }
                 match (*c).cmd {
                     rm::CTRL_GET_TIMESLICE => (*ts).us = *v,
                     rm::CTRL_SET_TIMESLICE => *v = (*ts).us,
@@ -88,6 +94,7 @@ fn reset() -> c_int {
     }
     *rm() = Some(HashMap::new());
     FAIL_ALLOC.store(false, SeqCst);
+    FAIL_SET_OBJECT.store(u32::MAX, SeqCst);
     PARK_ON.store(u64::MAX, SeqCst);
     PARK_AFTER.store(u64::MAX, SeqCst);
     PARKED.store(false, SeqCst);
@@ -150,6 +157,24 @@ fn channel_groups_against_a_fake_driver() {
     assert_eq!((actual(1, 10), short()), (Some(50), true));
     apply(None);
     assert_eq!(actual(1, 10), Some(2048));
+
+    // One group the driver will not shorten: our work is not all preempted quickly, so the
+    // launches keep giving way themselves (node); the other group is still shortened.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    alloc(fd, 1, 5, 11);
+    FAIL_SET_OBJECT.store(11, SeqCst);
+    apply(Some(50));
+    assert_eq!((actual(1, 10), actual(1, 11), short()), (Some(50), Some(2048), false), "short() with a group at libcuda's timeslice");
+
+    // A group made between two ticks runs libcuda's timeslice until the next: not short till then.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    alloc(fd, 1, 5, 11);
+    assert!(!short(), "short() with a new group at libcuda's timeslice");
+    apply(Some(50));
+    assert_eq!((actual(1, 11), short()), (Some(50), true));
 
     // A failed allocation reusing a held group's handle is not a group.
     let fd = reset();

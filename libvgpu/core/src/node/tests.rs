@@ -297,12 +297,9 @@ fn capped_containers_of_one_priority_take_turns_by_cap() {
 }
 
 #[test]
-fn a_lower_priority_queue_is_bounded_tighter_unless_the_gpu_preempts_it_quickly() {
-    // Without a short timeslice, a higher-priority request waits behind all of it.
-    assert_eq!(lower_queue_ns(false), LOWER_QUEUE_NS);
+fn what_a_lower_priority_lets_queue_is_shorter_than_a_request() {
+    // Giving way by its launches, a higher-priority request waits behind all of it.
     const { assert!(LOWER_QUEUE_NS <= 250_000) };
-    // With one, the GPU switches within LOWER_TIMESLICE_US whatever is queued: the bound of a
-    // capped container keeps the training fed.
-    assert_eq!(lower_queue_ns(true), crate::limiter::meter::QUEUE_TARGET_NS);
+    // Giving way by the timeslice, the GPU switches within it, well inside that bound.
     const { assert!(LOWER_TIMESLICE_US * 1000 < LOWER_QUEUE_NS) };
 }
