@@ -89,7 +89,8 @@ class Proc:
         self.points = []  # (t, n)
         self.ready = threading.Event()
         self.log = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self):
         for line in self.p.stdout:

@@ -33,11 +33,9 @@ struct DevNode {
 }
 
 static NODES: [AtomicPtr<DevNode>; MAX_DEVICES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
-/// A higher-priority container shares device d: hold while it has work, bound our queue.
+/// A higher-priority container shares device d: hold while it has work (`node::lower_queue_ns`
+/// bounds our queue then, unless the GPU switches away from all our work by itself).
 static DEFER: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// Every channel group of ours runs the short timeslice (`tsg::short`, read by the monitor so
-/// the launch path makes no system call for it): the GPU itself gives way to a higher priority.
-static PREEMPTIBLE: AtomicBool = AtomicBool::new(false);
 /// A lower-priority container shares device d: declare our work.
 static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Another container on device d has work (soft cap withheld); meaningful while attached.
@@ -81,13 +79,10 @@ pub(crate) fn others_busy(dev: usize) -> Option<bool> {
     (STATE.get(dev)?.load(Relaxed) == 1).then(|| OTHERS_BUSY[dev].load(Relaxed))
 }
 
-/// What this process keeps queued at most on `dev`: bounded while a higher-priority container
-/// is there and the GPU would not switch to its work quickly by itself (our channel groups are
-/// not all short). With them short, the GPU does so within `node::LOWER_TIMESLICE_US` whatever
-/// is queued, and a bound only cost the lower priority: an H200 training beside a higher-priority
-/// container that sent no work kept 0.89 of its rate under a 2 ms bound, 1.00 without.
+/// What this process keeps queued at most on `dev` (`tsg::short`: a new channel group clears
+/// it at once, so the bound is back before the monitor's next tick).
 pub(crate) fn queue_bound(dev: usize) -> Option<u64> {
-    (defer(dev) && !PREEMPTIBLE.load(Relaxed)).then_some(node::LOWER_QUEUE_NS)
+    node::lower_queue_ns(defer(dev), crate::tsg::short())
 }
 
 /// Our turn on `dev`, while capped containers of our priority take turns there.
@@ -251,7 +246,6 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
     // (a process with several GPUs does so on all of them: its groups' GPUs are not tracked).
     let defer = (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed));
     crate::tsg::apply(defer.then_some(node::LOWER_TIMESLICE_US));
-    PREEMPTIBLE.store(crate::tsg::short(), Relaxed);
 }
 
 #[cfg(test)]
@@ -260,7 +254,7 @@ mod tests {
 
     /// The flags are the process's: one test walks the cases in order.
     #[test]
-    fn the_queue_is_bounded_only_while_the_gpu_would_not_switch_by_itself() {
+    fn the_gate_is_on_only_beside_a_container_of_another_priority() {
         let clear = || {
             for d in 0..MAX_DEVICES {
                 DEFER[d].store(false, Relaxed);
@@ -268,25 +262,14 @@ mod tests {
             }
         };
         clear();
-        PREEMPTIBLE.store(false, Relaxed);
         assert!(!gating() && queue_bound(0).is_none(), "alone: the launch path is not gated");
-
-        // A higher-priority container on GPU 1, our channel groups at libcuda's timeslice: our
-        // launches hold and keep little queued there, not on GPU 0.
+        // A higher-priority container on GPU 1: our launches hold there, not on GPU 0.
         DEFER[1].store(true, Relaxed);
-        assert!(gating());
-        assert_eq!((queue_bound(0), queue_bound(1)), (None, Some(node::LOWER_QUEUE_NS)));
-
-        // Every group short: the GPU switches to the other container's work by itself, so the
-        // queue is not bounded (launches still hold while that container has work).
-        PREEMPTIBLE.store(true, Relaxed);
-        assert!(gating() && queue_bound(1).is_none());
-
+        assert!(gating() && defer(1) && !defer(0) && queue_bound(0).is_none());
         // Only a lower-priority container: our work is declared to it.
         DEFER[1].store(false, Relaxed);
         ANNOUNCE[0].store(true, Relaxed);
         assert!(gating() && queue_bound(0).is_none());
         clear();
-        PREEMPTIBLE.store(false, Relaxed);
     }
 }

@@ -2,7 +2,9 @@
 //! the ones the driver allocates on its own character devices and forgets the freed ones; while
 //! a higher-priority container shares the GPU (`node`), the monitor sets their timeslice short,
 //! so the GPU switches to that container's work within about that much of a kernel of ours, and
-//! sets back what libcuda chose once it is gone.
+//! sets back what libcuda chose once it is gone. While it holds them short, each tick reads every
+//! group first: a set of libcuda's we did not see (on a descriptor we do not watch) is undone
+//! within a tick, and a refused group whose client went away is forgotten.
 //!
 //! Every request reaches the driver first, unchanged; the caller's memory is read only after the
 //! driver accepted the call on one of its own files (so it read those bytes itself), and errno
@@ -39,8 +41,10 @@ static RECORD: AtomicPtr<Record> = AtomicPtr::new(std::ptr::null_mut());
 /// looked at, so other ioctls cost no `fstat`. Inherited by a forked child with the descriptors.
 const KNOWN_FDS: usize = 8;
 static KNOWN: [AtomicI64; KNOWN_FDS] = [const { AtomicI64::new(0) }; KNOWN_FDS];
-/// The process some of whose groups run the short timeslice (0: none).
-static SHORT: AtomicU32 = AtomicU32::new(0);
+/// Every channel group of this process runs the short timeslice (read on the launch path: a
+/// plain load, no `getpid`). A forked child inherits it, but cannot launch before it makes
+/// groups of its own, and a new group clears it.
+static SHORT: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
 /// The driver's device major (tests use another device's).
 static DRIVER_MAJOR: AtomicU32 = AtomicU32::new(rm::DRIVER_MAJOR);
@@ -49,10 +53,9 @@ fn pid() -> u32 {
     std::process::id()
 }
 
-/// Does the GPU switch away from our kernels within a short timeslice now?
+/// Does the GPU switch away from all our kernels within a short timeslice now?
 pub(crate) fn short() -> bool {
-    let s = SHORT.load(Relaxed);
-    s != 0 && s == pid()
+    SHORT.load(Relaxed)
 }
 
 /// This process's record, made on first use (in a forked child: its own, the parent's untouched).
@@ -168,7 +171,7 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
             let mut g = lock(r);
             g.allocated(fd, file, a.root, a.parent, a.new);
             r.tracked.store(g.list.len(), Relaxed);
-            publish_short(&g); // it runs libcuda's timeslice until the monitor's next tick
+            SHORT.store(false, Relaxed); // it runs libcuda's timeslice until the monitor's next tick
         }
         Call::Free => {
             let f = arg.cast::<rm::Free>().read_unaligned();
@@ -202,8 +205,7 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
 }
 
 fn publish_short(g: &Groups) {
-    let want = Some(vgpu_core::node::LOWER_TIMESLICE_US);
-    SHORT.store(if g.holds(want) { pid() } else { 0 }, Relaxed);
+    SHORT.store(g.holds(Some(vgpu_core::node::LOWER_TIMESLICE_US)), Relaxed);
 }
 
 /// One control on a group of ours: `Ok(timeslice)` or the reason it failed.
@@ -230,9 +232,7 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
 /// container is on the GPU; `None`: the one libcuda gave it). Nothing happens while that holds.
 pub(crate) fn apply(want: Option<u64>) {
     let Some(r) = tracking() else {
-        if SHORT.load(Relaxed) == pid() {
-            SHORT.store(0, Relaxed);
-        }
+        SHORT.store(false, Relaxed);
         return;
     };
     let mut g = lock(r);
@@ -243,22 +243,23 @@ pub(crate) fn apply(want: Option<u64>) {
             gone.push(i); // its descriptor was closed (and maybe reused): the group went with it
             continue;
         }
-        let grp = &mut g.list[i];
         let result = match step {
-            Step::Shorten { us } => {
-                let orig = match grp.original_us {
-                    Some(o) => Ok(o),
-                    None => group_control(grp, rm::CTRL_GET_TIMESLICE, 0),
-                };
-                orig.and_then(|o| {
-                    grp.original_us = Some(o);
-                    group_control(grp, rm::CTRL_SET_TIMESLICE, us).map(|_| Some(us))
-                })
+            Step::Probe => {
+                if group_control(&g.list[i], rm::CTRL_GET_TIMESLICE, 0).is_err() {
+                    gone.push(i); // its client went away unseen
+                }
+                continue;
             }
-            Step::Restore { us } => group_control(grp, rm::CTRL_SET_TIMESLICE, us).map(|_| None),
+            Step::Shorten { us } => match group_control(&g.list[i], rm::CTRL_GET_TIMESLICE, 0) {
+                Ok(current) if !g.read(i, current, us) => continue,
+                Ok(_) => group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, us).map(|_| Some(us)),
+                Err(why) => Err(why),
+            },
+            Step::Restore { us } => group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, us).map(|_| None),
         };
         match result {
             Ok(set) => {
+                let grp = &mut g.list[i];
                 grp.set_us = set;
                 grp.touched = true;
                 done += 1;
@@ -271,7 +272,7 @@ pub(crate) fn apply(want: Option<u64>) {
     }
     g.forget(&gone);
     r.tracked.store(g.list.len(), Relaxed);
-    SHORT.store(if g.holds(want) { pid() } else { 0 }, Relaxed);
+    SHORT.store(g.holds(want), Relaxed);
     if done > 0 {
         match want {
             Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),

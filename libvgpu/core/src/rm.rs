@@ -130,16 +130,21 @@ pub struct Group {
 /// What to do to one group to reach the wanted timeslice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Read its timeslice (to restore it later), then set `us`.
+    /// Read its timeslice and, unless it runs `us` (`Groups::read`), set `us`. Every tick while
+    /// held, so a set of libcuda's we did not see is undone within a tick.
     Shorten { us: u64 },
     /// Set it back to what it was.
     Restore { us: u64 },
+    /// A refused group: read it, to forget it once it is gone (its client may die unseen).
+    Probe,
 }
 
 /// The channel groups of this process (the `ioctl` shim's record).
 #[derive(Debug, Default)]
 pub struct Groups {
     pub list: Vec<Group>,
+    /// Some group was not recorded (`MAX_GROUPS`): it runs whatever libcuda set.
+    pub overflowed: bool,
 }
 
 /// More groups than a process plausibly has (4 per context): beyond it, new ones are not tracked.
@@ -150,6 +155,8 @@ impl Groups {
         self.freed(client, object);
         if self.list.len() < MAX_GROUPS {
             self.list.push(Group { fd, file, client, object, parent, original_us: None, set_us: None, refused: false, touched: false });
+        } else {
+            self.overflowed = true;
         }
     }
 
@@ -168,7 +175,20 @@ impl Groups {
     /// all our work within it? A group the driver refused, or one made since the last set, runs
     /// libcuda's own timeslice: then not.
     pub fn holds(&self, want: Option<u64>) -> bool {
-        want.is_some() && !self.list.is_empty() && self.list.iter().all(|g| g.set_us == want)
+        want.is_some() && !self.overflowed && !self.list.is_empty() && self.list.iter().all(|g| g.set_us == want)
+    }
+
+    /// Group `i` was read to run `current` us while we want `us`: does it need setting? A value
+    /// other than ours is libcuda's (set before we held it, or since, unseen): the one to restore.
+    pub fn read(&mut self, i: usize, current: u64, us: u64) -> bool {
+        let g = &mut self.list[i];
+        if current == us {
+            g.set_us = Some(us);
+            return false;
+        }
+        g.original_us = Some(current);
+        g.set_us = None;
+        true
     }
 
     /// Groups `i` (ascending) are gone with their descriptor: forgotten.
@@ -182,13 +202,11 @@ impl Groups {
     pub fn plan(&self, want: Option<u64>) -> Vec<(usize, Step)> {
         let mut steps = Vec::new();
         for (i, g) in self.list.iter().enumerate() {
-            if g.refused || g.set_us == want {
-                continue;
-            }
-            match (want, g.original_us) {
-                (Some(us), _) => steps.push((i, Step::Shorten { us })),
-                (None, Some(us)) => steps.push((i, Step::Restore { us })),
-                (None, None) => {} // never read, never changed
+            match (want, g.refused, g.set_us, g.original_us) {
+                (Some(_), true, _, _) => steps.push((i, Step::Probe)),
+                (Some(us), false, _, _) => steps.push((i, Step::Shorten { us })),
+                (None, false, Some(_), Some(us)) => steps.push((i, Step::Restore { us })),
+                (None, _, _, _) => {} // refused, never changed, or never read
             }
         }
         steps
@@ -236,11 +254,15 @@ mod tests {
         let steps = g.plan(Some(50));
         assert_eq!(steps, vec![(0, Step::Shorten { us: 50 }), (1, Step::Shorten { us: 50 })]);
         for (i, orig) in [(0, 2048), (1, 1024)] {
-            g.list[i].original_us = Some(orig);
+            assert!(g.read(i, orig, 50), "libcuda's value: set ours");
             g.list[i].set_us = Some(50);
         }
-        assert_eq!(g.plan(Some(50)), vec![], "already there");
-        assert_eq!(g.plan(None), vec![(0, Step::Restore { us: 2048 }), (1, Step::Restore { us: 1024 })]);
+        assert!(g.holds(Some(50)));
+        assert_eq!(g.plan(Some(50)), steps, "read again every tick");
+        assert!(!g.read(0, 50, 50), "already there");
+        assert!(g.read(1, 2048, 50) && !g.holds(Some(50)), "set unseen: libcuda's again, to set");
+        g.list[1].set_us = Some(50);
+        assert_eq!(g.plan(None), vec![(0, Step::Restore { us: 2048 }), (1, Step::Restore { us: 2048 })]);
     }
 
     #[test]
@@ -248,13 +270,24 @@ mod tests {
         let mut g = two();
         g.list[0].set_us = Some(50);
         g.refuse(0);
-        assert_eq!(g.plan(Some(50)), vec![(1, Step::Shorten { us: 50 })]);
+        assert_eq!(g.plan(Some(50)), vec![(0, Step::Probe), (1, Step::Shorten { us: 50 })]);
+        assert_eq!(g.plan(None), vec![], "a refused group is not restored either");
         g.list[1].set_us = Some(50);
         assert!(!g.holds(Some(50)), "the refused group runs libcuda's timeslice: not all short");
         g.forget(&[0]);
         assert!(g.holds(Some(50)) && !g.holds(None));
         g.forget(&[0]);
         assert!(!g.holds(Some(50)), "no group: nothing the GPU preempts for us");
+    }
+
+    #[test]
+    fn groups_past_the_record_s_size_are_not_all_short() {
+        let mut g = Groups::default();
+        for i in 0..MAX_GROUPS as u32 + 1 {
+            g.allocated(5, (1, 2), 1, 2, 100 + i);
+        }
+        g.list.iter_mut().for_each(|x| x.set_us = Some(50));
+        assert!(!g.holds(Some(50)), "an untracked group runs libcuda's timeslice");
     }
 
     #[test]

@@ -88,7 +88,7 @@ fn reset() -> c_int {
     assert_eq!(unsafe { libc::stat(c"/dev/null".as_ptr(), &mut st) }, 0);
     DRIVER_MAJOR.store(libc::major(st.st_rdev), SeqCst);
     RECORD.store(std::ptr::null_mut(), SeqCst);
-    SHORT.store(0, SeqCst);
+    SHORT.store(false, SeqCst);
     for k in &KNOWN {
         k.store(0, SeqCst);
     }
@@ -175,6 +175,38 @@ fn channel_groups_against_a_fake_driver() {
     assert!(!short(), "short() with a new group at libcuda's timeslice");
     apply(Some(50));
     assert_eq!((actual(1, 11), short()), (Some(50), true));
+
+    // libcuda sets a held group on a descriptor we do not watch (more driver descriptors than
+    // `KNOWN` holds): the next tick reads the group, keeps libcuda's value, and sets ours again.
+    let _ = reset();
+    let fds: Vec<c_int> = (0..=KNOWN_FDS).map(|_| unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) }).collect();
+    for (i, &f) in fds.iter().enumerate() {
+        alloc(f, 1, 5, 10 + i as u32);
+    }
+    apply(Some(50));
+    let last = 10 + KNOWN_FDS as u32;
+    libcuda_sets(fds[KNOWN_FDS], 1, last, 1024);
+    apply(Some(50));
+    assert_eq!((actual(1, last), short()), (Some(50), true), "a group set unseen stays at libcuda's timeslice");
+    apply(None);
+    assert_eq!(actual(1, last), Some(1024), "libcuda's value is the one to restore");
+    fds.iter().for_each(|&f| unsafe {
+        libc::close(f);
+    });
+
+    // A refused group whose client went away unseen: forgotten, the others count again.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    FAIL_SET_OBJECT.store(10, SeqCst);
+    apply(Some(50));
+    unsafe { libc::close(fd) };
+    rm().as_mut().unwrap().retain(|k, _| k.0 != 1);
+    FAIL_SET_OBJECT.store(u32::MAX, SeqCst);
+    let fd2 = unsafe { libc::open(c"/dev/zero".as_ptr(), libc::O_RDWR) };
+    alloc(fd2, 2, 6, 20);
+    apply(Some(50));
+    assert_eq!((actual(2, 20), short(), tracked_now()), (Some(50), true, 1), "a refused group that is gone still counts");
+    unsafe { libc::close(fd2) };
 
     // A failed allocation reusing a held group's handle is not a group.
     let fd = reset();
