@@ -19,7 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, Proc  # noqa: E402
+from share import Proc, tenant_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20
@@ -36,10 +36,7 @@ node_dir = tempfile.mkdtemp(prefix="node-")
 
 
 def env(prio, tag):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
-    e.update(LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
-             CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=f"prio-{tag}-"), PYTHONUNBUFFERED="1")
-    return e
+    return tenant_env(node_dir, prio, f"prio-{tag}")
 
 
 def service(prio):

@@ -188,6 +188,14 @@ def child_env(region, cap=None):
     return env
 
 
+def tenant_env(node_dir, prio, tag):
+    """A container of its own (own region, no caps) at priority `prio`, sharing the node directory."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
+    e.update(LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
+             CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=f"{tag}-"), PYTHONUNBUFFERED="1")
+    return e
+
+
 def start(cmd, env, n):
     procs = [Proc(cmd, env) for _ in range(n)]
     for p in procs:

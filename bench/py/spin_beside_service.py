@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST  # noqa: E402
+from share import DIST, tenant_env  # noqa: E402
 from trace_overlap import LINE, analyze  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,10 +28,7 @@ node_dir = tempfile.mkdtemp(prefix="node-")
 
 
 def env(prio, tag):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
-    e.update(LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
-             CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=f"spin-{tag}-"), PYTHONUNBUFFERED="1")
-    return e
+    return tenant_env(node_dir, prio, f"spin-{tag}")
 
 
 def spin(tag, seconds):
