@@ -4,7 +4,8 @@
 //! so the GPU switches to that container's work within about that much of a kernel of ours, and
 //! sets back what libcuda chose once it is gone. While it holds them short, each tick reads every
 //! group first: a set of libcuda's we did not see (on a descriptor we do not watch) is undone
-//! within a tick, and a refused group whose client went away is forgotten.
+//! within a tick, and a group the driver says is gone (`rm::STATUS_GONE`) is forgotten; a read
+//! that fails otherwise leaves the group as it is and the process not short for that tick.
 //!
 //! Every request reaches the driver first, unchanged; the caller's memory is read only after the
 //! driver accepted the call on one of its own files (so it read those bytes itself), and errno
@@ -208,8 +209,32 @@ fn publish_short(g: &Groups) {
     SHORT.store(g.holds(Some(vgpu_core::node::LOWER_TIMESLICE_US)), Relaxed);
 }
 
-/// One control on a group of ours: `Ok(timeslice)` or the reason it failed.
-fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
+/// Why a control on a group of ours failed.
+enum Failed {
+    /// The driver answered with this status.
+    Status(u32),
+    /// The system call failed.
+    Os(std::io::Error),
+}
+
+impl Failed {
+    /// The driver says the group (or its client) is not there any more.
+    fn gone(&self) -> bool {
+        matches!(self, Failed::Status(s) if rm::STATUS_GONE.contains(s))
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Status(s) => write!(f, "status 0x{s:x}"),
+            Failed::Os(e) => e.fmt(f),
+        }
+    }
+}
+
+/// One control on a group of ours: `Ok(timeslice)` or why it failed.
+fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, Failed> {
     let mut ts = rm::Timeslice { us };
     let mut c = rm::Control {
         client: g.client,
@@ -223,8 +248,8 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, String> {
     let rc = unsafe { call(g.fd, rm::control_request(), (&mut c as *mut rm::Control).cast()) };
     match (rc, c.status) {
         (0, rm::STATUS_OK) => Ok(ts.us),
-        (0, s) => Err(format!("status 0x{s:x}")),
-        _ => Err(std::io::Error::last_os_error().to_string()),
+        (0, s) => Err(Failed::Status(s)),
+        _ => Err(Failed::Os(std::io::Error::last_os_error())),
     }
 }
 
@@ -237,7 +262,8 @@ pub(crate) fn apply(want: Option<u64>) {
     };
     let mut g = lock(r);
     let steps = g.plan(want);
-    let (mut done, mut failed, mut gone) = (0, None, Vec::new());
+    // `unread`: a held group could not be read this tick (not gone): not known to be short.
+    let (mut done, mut failed, mut gone, mut unread) = (0, None, Vec::new(), false);
     for (i, step) in steps {
         if driver_file(g.list[i].fd) != Some(g.list[i].file) {
             gone.push(i); // its descriptor was closed (and maybe reused): the group went with it
@@ -245,7 +271,7 @@ pub(crate) fn apply(want: Option<u64>) {
         }
         let result = match step {
             Step::Probe => {
-                if group_control(&g.list[i], rm::CTRL_GET_TIMESLICE, 0).is_err() {
+                if group_control(&g.list[i], rm::CTRL_GET_TIMESLICE, 0).is_err_and(|e| e.gone()) {
                     gone.push(i); // its client went away unseen
                 }
                 continue;
@@ -253,7 +279,14 @@ pub(crate) fn apply(want: Option<u64>) {
             Step::Shorten { us } => match group_control(&g.list[i], rm::CTRL_GET_TIMESLICE, 0) {
                 Ok(current) if !g.read(i, current, us) => continue,
                 Ok(_) => group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, us).map(|_| Some(us)),
-                Err(why) => Err(why),
+                Err(e) if e.gone() => {
+                    gone.push(i);
+                    continue;
+                }
+                Err(_) => {
+                    unread = true; // left as it was; read again next tick
+                    continue;
+                }
             },
             Step::Restore { us } => group_control(&g.list[i], rm::CTRL_SET_TIMESLICE, us).map(|_| None),
         };
@@ -272,7 +305,7 @@ pub(crate) fn apply(want: Option<u64>) {
     }
     g.forget(&gone);
     r.tracked.store(g.list.len(), Relaxed);
-    SHORT.store(g.holds(want), Relaxed);
+    SHORT.store(g.holds(want) && !unread, Relaxed);
     if done > 0 {
         match want {
             Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),

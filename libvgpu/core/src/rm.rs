@@ -23,6 +23,10 @@ pub const CTRL_SET_TIMESLICE: u32 = 0xa06c_0103;
 pub const CTRL_GET_TIMESLICE: u32 = 0xa06c_0104;
 /// `NV_OK`.
 pub const STATUS_OK: u32 = 0;
+/// Statuses that say the object is not there (any other failure may be passing): its client
+/// is gone (`NV_ERR_INVALID_CLIENT`), or it is (`NV_ERR_INVALID_OBJECT_HANDLE`,
+/// `NV_ERR_OBJECT_NOT_FOUND`), values of the open driver's `nvstatuscodes.h`.
+pub const STATUS_GONE: [u32; 3] = [0x23, 0x33, 0x57];
 
 /// `NVOS54_PARAMETERS`: a control call.
 #[repr(C)]
@@ -135,7 +139,8 @@ pub enum Step {
     Shorten { us: u64 },
     /// Set it back to what it was.
     Restore { us: u64 },
-    /// A refused group: read it, to forget it once it is gone (its client may die unseen).
+    /// A refused group: read it, to forget it once the driver says it is gone (`STATUS_GONE`;
+    /// its client may die unseen).
     Probe,
 }
 

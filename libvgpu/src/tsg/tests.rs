@@ -18,6 +18,8 @@ static RELEASE: AtomicBool = AtomicBool::new(false);
 static PARK_AFTER: AtomicU64 = AtomicU64::new(u64::MAX);
 /// Set-timeslice controls on this object fail (as the driver refuses one below its minimum).
 static FAIL_SET_OBJECT: AtomicU32 = AtomicU32::new(u32::MAX);
+/// Get-timeslice controls on this object fail with a status that does not say it is gone.
+static FAIL_GET_OBJECT: AtomicU32 = AtomicU32::new(u32::MAX);
 
 fn rm() -> std::sync::MutexGuard<'static, Option<HashMap<(u32, u32), u64>>> {
     RM.lock().unwrap_or_else(|e| e.into_inner())
@@ -55,9 +57,13 @@ unsafe extern "C" fn fake(_fd: c_int, request: c_ulong, arg: *mut c_void) -> c_i
             {
                 let mut m = rm();
                 let Some(v) = m.get_or_insert_default().get_mut(&((*c).client, (*c).object)) else {
-                    (*c).status = 0x57; // NV_ERR_INVALID_OBJECT_HANDLE
+                    (*c).status = 0x57; // NV_ERR_OBJECT_NOT_FOUND
                     return 0;
                 };
+                if (*c).cmd == rm::CTRL_GET_TIMESLICE && (*c).object == FAIL_GET_OBJECT.load(SeqCst) {
+                    (*c).status = 0x56; // NV_ERR_NOT_SUPPORTED
+                    return 0;
+                }
                 if (*c).cmd == rm::CTRL_SET_TIMESLICE && (*c).object == FAIL_SET_OBJECT.load(SeqCst) {
                     (*c).status = 0x56; // NV_ERR_NOT_SUPPORTED
                     return 0;
@@ -95,6 +101,7 @@ fn reset() -> c_int {
     *rm() = Some(HashMap::new());
     FAIL_ALLOC.store(false, SeqCst);
     FAIL_SET_OBJECT.store(u32::MAX, SeqCst);
+    FAIL_GET_OBJECT.store(u32::MAX, SeqCst);
     PARK_ON.store(u64::MAX, SeqCst);
     PARK_AFTER.store(u64::MAX, SeqCst);
     PARKED.store(false, SeqCst);
@@ -207,6 +214,32 @@ fn channel_groups_against_a_fake_driver() {
     apply(Some(50));
     assert_eq!((actual(2, 20), short(), tracked_now()), (Some(50), true, 1), "a refused group that is gone still counts");
     unsafe { libc::close(fd2) };
+
+    // Reads of a live group at libcuda's timeslice keep failing (not with "no such object"):
+    // it is never taken for gone, and the process is not short meanwhile.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    alloc(fd, 1, 5, 11);
+    FAIL_GET_OBJECT.store(11, SeqCst);
+    apply(Some(50));
+    assert!(!short());
+    apply(Some(50));
+    assert_eq!((actual(1, 10), actual(1, 11), short(), tracked_now()), (Some(50), Some(2048), false, 2), "a live group taken for gone");
+    unsafe { libc::close(fd) };
+
+    // One failed read of a held group: short again once reads work, and restored after.
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    apply(Some(50));
+    FAIL_GET_OBJECT.store(10, SeqCst);
+    apply(Some(50));
+    assert!(!short(), "an unread group is not known to be short");
+    FAIL_GET_OBJECT.store(u32::MAX, SeqCst);
+    apply(Some(50));
+    let held_short = short();
+    apply(None);
+    assert_eq!((held_short, actual(1, 10)), (true, Some(2048)), "one failed read left the group refused for good");
+    unsafe { libc::close(fd) };
 
     // A failed allocation reusing a held group's handle is not a group.
     let fd = reset();
