@@ -5,7 +5,7 @@
 //! sets back what libcuda chose once it is gone. While it holds them short, each tick reads every
 //! group first: a set of libcuda's we did not see (on a descriptor we do not watch) is undone
 //! within a tick, and a group the driver says is gone (`rm::STATUS_GONE`) is forgotten; a read
-//! that fails otherwise leaves the group as it is and the process not short for that tick.
+//! that fails otherwise leaves the group as it is and the process not short until one reads it.
 //!
 //! Every request reaches the driver first, unchanged; the caller's memory is read only after the
 //! driver accepted the call on one of its own files (so it read those bytes itself), and errno
@@ -283,8 +283,9 @@ pub(crate) fn apply(want: Option<u64>) {
                     gone.push(i);
                     continue;
                 }
-                Err(_) => {
+                Err(why) => {
                     unread = true; // left as it was; read again next tick
+                    failed = Some(why);
                     continue;
                 }
             },
@@ -304,8 +305,9 @@ pub(crate) fn apply(want: Option<u64>) {
         }
     }
     g.forget(&gone);
+    g.unread = unread;
     r.tracked.store(g.list.len(), Relaxed);
-    SHORT.store(g.holds(want) && !unread, Relaxed);
+    SHORT.store(g.holds(want), Relaxed);
     if done > 0 {
         match want {
             Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),
@@ -315,7 +317,7 @@ pub(crate) fn apply(want: Option<u64>) {
     if let Some(why) = failed {
         if !WARNED.swap(true, Relaxed) {
             vgpu_core::warn!(
-                "cannot set a channel group's timeslice ({why}): a higher-priority container's work may wait up to ~2 ms behind a kernel of this one"
+                "cannot read or set a channel group's timeslice ({why}): a higher-priority container's work may wait up to ~2 ms behind a kernel of this one"
             );
         }
     }

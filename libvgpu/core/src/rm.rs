@@ -150,6 +150,9 @@ pub struct Groups {
     pub list: Vec<Group>,
     /// Some group was not recorded (`MAX_GROUPS`): it runs whatever libcuda set.
     pub overflowed: bool,
+    /// A group could not be read at the latest tick (not gone): it may run what libcuda set
+    /// unseen, until a tick reads it.
+    pub unread: bool,
 }
 
 /// More groups than a process plausibly has (4 per context): beyond it, new ones are not tracked.
@@ -180,7 +183,7 @@ impl Groups {
     /// all our work within it? A group the driver refused, or one made since the last set, runs
     /// libcuda's own timeslice: then not.
     pub fn holds(&self, want: Option<u64>) -> bool {
-        want.is_some() && !self.overflowed && !self.list.is_empty() && self.list.iter().all(|g| g.set_us == want)
+        want.is_some() && !self.overflowed && !self.unread && !self.list.is_empty() && self.list.iter().all(|g| g.set_us == want)
     }
 
     /// Group `i` was read to run `current` us while we want `us`: does it need setting? A value

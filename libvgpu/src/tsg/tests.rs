@@ -227,6 +227,22 @@ fn channel_groups_against_a_fake_driver() {
     assert_eq!((actual(1, 10), actual(1, 11), short(), tracked_now()), (Some(50), Some(2048), false, 2), "a live group taken for gone");
     unsafe { libc::close(fd) };
 
+    // A free in the tick after a failed read does not make the process short again: the group
+    // that could not be read may run libcuda's timeslice (set unseen).
+    let fd = reset();
+    alloc(fd, 1, 5, 10);
+    alloc(fd, 1, 5, 11);
+    apply(Some(50));
+    rm().as_mut().unwrap().insert((1, 10), 2048); // libcuda's set on a descriptor not watched
+    FAIL_GET_OBJECT.store(10, SeqCst);
+    apply(Some(50));
+    free(fd, 1, 11);
+    assert!(!short(), "short while an unread group runs 2048 us");
+    FAIL_GET_OBJECT.store(u32::MAX, SeqCst);
+    apply(Some(50));
+    assert_eq!((actual(1, 10), short()), (Some(50), true));
+    unsafe { libc::close(fd) };
+
     // One failed read of a held group: short again once reads work, and restored after.
     let fd = reset();
     alloc(fd, 1, 5, 10);
