@@ -153,8 +153,11 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
     // Only on the driver's own files: it copied at least the size the request names from `arg`,
     // so those bytes are readable. A known descriptor was one (closing and reusing it for another
     // driver's 'F' requests of these exact shapes is not guarded).
+    // The file, when this call had to look (the first call on a descriptor).
+    let mut file = None;
     if !known(fd) {
-        if driver_file(fd).is_none() {
+        file = driver_file(fd);
+        if file.is_none() {
             return;
         }
         remember(fd);
@@ -167,7 +170,7 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
             if a.class != rm::CHANNEL_GROUP || status != rm::STATUS_OK {
                 return;
             }
-            let Some(file) = driver_file(fd) else { return };
+            let Some(file) = file.or_else(|| driver_file(fd)) else { return };
             let r = record();
             let mut g = lock(r);
             g.allocated(fd, file, a.root, a.parent, a.new);
@@ -176,13 +179,15 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
         }
         Call::Free => {
             let f = arg.cast::<rm::Free>().read_unaligned();
-            let Some(r) = tracking() else { return };
-            if f.status == rm::STATUS_OK {
-                let mut g = lock(r);
-                g.freed(f.root, f.old);
-                r.tracked.store(g.list.len(), Relaxed);
-                publish_short(&g);
+            // The status first: `tracking` asks for the pid.
+            if f.status != rm::STATUS_OK {
+                return;
             }
+            let Some(r) = tracking() else { return };
+            let mut g = lock(r);
+            g.freed(f.root, f.old);
+            r.tracked.store(g.list.len(), Relaxed);
+            publish_short(&g);
         }
         Call::Control => {
             let c = arg.cast::<rm::Control>().read_unaligned();
@@ -190,7 +195,8 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
             if c.cmd != rm::CTRL_SET_TIMESLICE || c.status != rm::STATUS_OK || ts.is_null() || (c.params_size as usize) < size_of::<rm::Timeslice>() {
                 return;
             }
-            let (Some(r), Some(file)) = (tracking(), driver_file(fd)) else { return };
+            let Some(r) = tracking() else { return };
+            let Some(file) = file.or_else(|| driver_file(fd)) else { return };
             // The driver took the value from there (status OK): readable.
             let asked = ts.read_unaligned().us;
             let mut g = lock(r);
@@ -206,7 +212,7 @@ unsafe fn observe(fd: c_int, request: c_ulong, kind: Call, arg: *mut c_void) {
 }
 
 fn publish_short(g: &Groups) {
-    SHORT.store(g.holds(Some(vgpu_core::node::LOWER_TIMESLICE_US)), Relaxed);
+    SHORT.store(g.short(), Relaxed);
 }
 
 /// Why a control on a group of ours failed.
@@ -261,6 +267,7 @@ pub(crate) fn apply(want: Option<u64>) {
         return;
     };
     let mut g = lock(r);
+    g.want = want;
     let steps = g.plan(want);
     // `unread`: a held group could not be read this tick (not gone): not known to be short.
     let (mut done, mut failed, mut gone, mut unread) = (0, None, Vec::new(), false);
@@ -307,7 +314,7 @@ pub(crate) fn apply(want: Option<u64>) {
     g.forget(&gone);
     g.unread = unread;
     r.tracked.store(g.list.len(), Relaxed);
-    SHORT.store(g.holds(want), Relaxed);
+    publish_short(&g);
     if done > 0 {
         match want {
             Some(us) => vgpu_core::debug!("channel groups: {done} set to a {us} us timeslice (a higher-priority container shares the GPU)"),

@@ -153,6 +153,8 @@ pub struct Groups {
     /// A group could not be read at the latest tick (not gone): it may run what libcuda set
     /// unseen, until a tick reads it.
     pub unread: bool,
+    /// The timeslice the latest tick wanted (`None`: libcuda's own).
+    pub want: Option<u64>,
 }
 
 /// More groups than a process plausibly has (4 per context): beyond it, new ones are not tracked.
@@ -184,6 +186,11 @@ impl Groups {
     /// libcuda's own timeslice: then not.
     pub fn holds(&self, want: Option<u64>) -> bool {
         want.is_some() && !self.overflowed && !self.unread && !self.list.is_empty() && self.list.iter().all(|g| g.set_us == want)
+    }
+
+    /// Does every group run what the latest tick wanted, a short timeslice?
+    pub fn short(&self) -> bool {
+        self.holds(self.want)
     }
 
     /// Group `i` was read to run `current` us while we want `us`: does it need setting? A value
