@@ -31,6 +31,10 @@ pub(crate) fn start(rt: &'static Runtime) {
         return;
     }
     if let Some(ps) = rt.proc_if_ready() {
+        // The node view too, before the program's next launch: the thread's first round may
+        // come late on a loaded machine, and launches before it went ungated (a program that
+        // never synchronizes queued ~2 s of 20 ms kernels beside a higher priority on the mock).
+        crate::node::refresh(rt, ps, caps(ps), false);
         refresh_gate(rt, ps);
     }
     vgpu_core::clock::calibrate();
@@ -40,6 +44,11 @@ pub(crate) fn start(rt: &'static Runtime) {
         vgpu_core::error!("cannot start the monitor thread ({e}); run-time limit changes will not apply");
         GATE.store(true, Release);
     }
+}
+
+/// Device d's cap and soft cap, as the node file carries them.
+fn caps(ps: &ProcState) -> impl Fn(usize) -> (Option<u32>, Option<u32>) + '_ {
+    |d| (ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100), ps.region.soft_sm_limit(d))
 }
 
 pub(crate) fn after_fork_child() {
@@ -72,8 +81,7 @@ fn run(rt: &'static Runtime) {
         if when.upkeep {
             region_upkeep(ps);
         }
-        let caps = |d: usize| (ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100), ps.region.soft_sm_limit(d));
-        crate::node::refresh(rt, ps, caps, LAUNCHED.load(Relaxed));
+        crate::node::refresh(rt, ps, caps(ps), LAUNCHED.load(Relaxed));
         refresh_gate(rt, ps);
         if !when.publish {
             continue;
