@@ -207,6 +207,8 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
     attach(rt, ps);
     let now = vgpu_core::clock::now_ns();
     let reap = TICKS.fetch_add(1, Relaxed).is_multiple_of(10);
+    // No other process with work on any GPU of ours that is not of a higher priority.
+    let mut may_shorten = true;
     for dev in 0..ps.devices.len().min(MAX_DEVICES) {
         let Some(n) = dev_node(dev) else { continue };
         if n.pid != my_pid() {
@@ -238,14 +240,17 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         TURN[dev].store(turn.map_or(0, |t| (t.offset_ns / 1000) << 32 | (t.len_ns / 1000).max(1)), Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
         OTHERS_BUSY[dev].store(p.others_busy, Relaxed);
+        may_shorten &= node::may_shorten(&slots, n.idx, rt.config.priority, now);
         if reap {
             n.file.reap(Some(n.idx));
         }
     }
     // Our channel groups give way quickly while a higher-priority container is on a GPU of ours
-    // (a process with several GPUs does so on all of them: its groups' GPUs are not tracked).
+    // and no other process with work there would run the short timeslice too (a process with
+    // several GPUs decides for all of them: its groups' GPUs are not tracked). Otherwise they
+    // keep libcuda's, and `queue_bound` bounds our queue.
     let defer = (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed));
-    crate::tsg::apply(defer.then_some(node::LOWER_TIMESLICE_US));
+    crate::tsg::apply((defer && may_shorten).then_some(node::LOWER_TIMESLICE_US));
 }
 
 #[cfg(test)]

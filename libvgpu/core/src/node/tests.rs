@@ -307,3 +307,30 @@ fn a_lower_priority_queue_is_bounded_unless_the_gpu_switches_away_from_all_of_it
     assert_eq!(lower_queue_ns(true, true), None);
     const { assert!(LOWER_TIMESLICE_US * 1000 < LOWER_QUEUE_NS) };
 }
+
+#[test]
+fn only_one_process_without_higher_priority_work_beside_it_runs_the_short_timeslice() {
+    let now = T;
+    let working = |c, p| Entry { last_launch_ns: now - MS, ..entry(c, p) };
+    let idle = |c, p| Entry { last_launch_ns: now - RECENT_NS - 1, ..entry(c, p) };
+    // Beside a higher-priority container, busy or not, and an idle one of our priority: short.
+    let slots = [Slot::Used(working(1, 0)), Slot::Used(idle(2, 1)), Slot::Used(working(3, 1)), Slot::Corrupt, Slot::Free];
+    assert!(may_shorten(&slots, 2, 1, now));
+    // Another training of our priority has work: two short contexts would switch between each
+    // other every timeslice; neither shortens.
+    let two = [Slot::Used(working(1, 0)), Slot::Used(working(2, 1)), Slot::Used(working(3, 1))];
+    assert!(!may_shorten(&two, 1, 1, now) && !may_shorten(&two, 2, 1, now));
+    // A lower priority with work counts too (it would be short beside its own higher ones).
+    assert!(!may_shorten(&[Slot::Used(working(3, 1)), Slot::Used(working(4, 2))], 0, 1, now));
+    // Another process of our own container has its own context: it counts.
+    assert!(!may_shorten(&[Slot::Used(working(3, 1)), Slot::Used(working(3, 1))], 0, 1, now));
+    // Declared work or utilization is work; a dead entry is not.
+    let declared = Entry { active_until_ns: now + MS, ..idle(2, 1) };
+    let util = Entry { util_centi: 5000, ..idle(2, 1) };
+    let dead = Entry { heartbeat_ns: now - STALE_NS - 1, ..working(2, 1) };
+    assert!(!may_shorten(&[Slot::Used(declared), Slot::Used(working(3, 1))], 1, 1, now));
+    assert!(!may_shorten(&[Slot::Used(util), Slot::Used(working(3, 1))], 1, 1, now));
+    assert!(may_shorten(&[Slot::Used(dead), Slot::Used(working(3, 1))], 1, 1, now));
+    // Priorities are clamped as everywhere: -5 is 0, not above our 0.
+    assert!(!may_shorten(&[Slot::Used(working(1, -5)), Slot::Used(working(3, 0))], 1, 0, now));
+}
