@@ -9,9 +9,11 @@
 #           (gpu-share.sh); two containers 30/60 and 50/50 (gpu-limiter.sh containers)
 #   part 3  issue 10 overheads (gpu-limiter.sh overhead, gate_cost.py), issue 11 (gpu-memory.sh),
 #           issue 14 (priority.py)
-# usage: dist/ci/gpu-acceptance.sh 1|2|3      ($OUT: logs and summaries are written there)
+#   part 4  issue 14 beyond its bounds: two lower-priority trainings beside a higher-priority
+#           container (two_lower.py: neither may stop), three containers (gpu-limiter.sh priorities)
+# usage: dist/ci/gpu-acceptance.sh 1|2|3|4      ($OUT: logs and summaries are written there)
 set -u
-case "${1:-}" in 1 | 2 | 3) ;; *) sed -n '2,12p' "$0"; exit 2 ;; esac
+case "${1:-}" in 1 | 2 | 3 | 4) ;; *) sed -n '2,14p' "$0"; exit 2 ;; esac
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 export DIST
 echo "commit=$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown) part=${1:-?}"
@@ -31,6 +33,8 @@ case "$1" in
    step gate_cost 120 python3 "$DIST/bench/py/gate_cost.py" gpt2
    step memory 200 "$DIST/ci/gpu-memory.sh"
    step priority 120 python3 "$DIST/bench/py/priority.py" 20 ;;
+4) step two_lower 240 python3 "$DIST/bench/py/two_lower.py" 10 gpt2
+   step priorities 150 env SECS=8 "$DIST/ci/gpu-limiter.sh" priorities ;;
 esac
 echo "acceptance part $1: failed_steps=$failed"
 [ "$failed" -eq 0 ]

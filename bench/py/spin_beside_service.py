@@ -38,10 +38,13 @@ def spin(tag, seconds):
     return subprocess.Popen(cmd, env=env(1, tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def summary(p):
+def summary(p, tag):
     """trace_overlap's summary after the first second, and per second of GPU time: the share of
     it the training's kernels ran, and their median length (us)."""
     out, _ = p.communicate()
+    if os.environ.get("OUT"):  # the raw trace and the hook's log lines (LIBCUDA_LOG_LEVEL)
+        with open(os.path.join(os.environ["OUT"], f"spin-{tag}.log"), "w") as f:
+            f.write(out)
     lines = out.splitlines()
     r = analyze(lines, 1e6) or {"error": "no trace lines"}
     ks = sorted((float(m.group(3)), float(m.group(4))) for m in map(LINE.search, lines) if m)
@@ -56,11 +59,11 @@ def summary(p):
     return r
 
 
-rec = {"us": us, "alone": summary(spin("alone", secs))}
+rec = {"us": us, "alone": summary(spin("alone", secs), "alone")}
 # The service's start (torch, graph capture) takes seconds: the training runs past its end, and
 # the seconds it was active show in the per-second series.
 train = spin("beside", secs + 15)
 svc = subprocess.run([sys.executable, f"{HERE}/service.py", str(secs)], env=env(0, "svc"), capture_output=True, text=True)
 rec["service"] = next((x for x in svc.stdout.splitlines() if x.startswith("service ")), svc.stderr[-300:])
-rec["beside"] = summary(train)
+rec["beside"] = summary(train, "beside")
 print("spin_beside " + json.dumps(rec), flush=True)
