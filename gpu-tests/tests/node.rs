@@ -404,3 +404,36 @@ fn a_low_priority_program_that_never_synchronizes_is_bounded_from_its_first_laun
     assert!(rate >= 0.8 * 50.0 * 0.95, "the low-priority program ran {rate:.1} kernels/s beside a 5%-busy high one (50/s alone)\n{ctx}");
     low.stop();
 }
+
+/// Each process's entry says what the process itself did (`node::own_activity`): an idle process
+/// of a busy container must not look busy, or it would keep the container's working process at
+/// libcuda's timeslice beside a higher-priority one (`node::may_shorten`).
+#[test]
+#[serial]
+fn an_idle_process_of_a_busy_container_writes_no_work_into_its_entry() {
+    use vgpu_core::node::{parse, Slot, RECENT_NS};
+    let s = Scratch::new("node-idle-sibling");
+    // One container (one region): a capped (so gated) saturating process, and one that ran
+    // requests for a second and then idles, alive.
+    let cap = [("CUDA_DEVICE_SM_LIMIT", "50")];
+    let mut busy = Bg::spawn(saturating(&s, "lo", 1, 1, &cap), "busy process");
+    busy.wait_line("second=1 ", Duration::from_secs(10));
+    let mut idle = container(&s, "lo", "test_requests", 1, &cap);
+    idle.args(["--us", "1000", "--gap-us", "1000", "--seconds", "1", "--idle-seconds", "8"]);
+    let mut idle = Bg::spawn(idle, "idle process");
+    idle.wait_line("idle=1", Duration::from_secs(15));
+    // Past the 2 s its utilization may follow its last launch, and past RECENT_NS.
+    std::thread::sleep(Duration::from_millis(2600));
+    let bytes = std::fs::read(node_file(&s)).unwrap();
+    let now = vgpu_core::clock::now_ns();
+    let entries: Vec<_> = parse(&bytes).unwrap().into_iter().filter_map(|x| if let Slot::Used(e) = x { Some(e) } else { None }).collect();
+    let ctx = format!("{entries:?}\n{}\n{}", busy.text(), idle.text());
+    let of = |pid: i32| entries.iter().find(|e| e.pid == pid as u32).copied().unwrap_or_else(|| panic!("no entry of pid {pid}\n{ctx}"));
+    let (b, i) = (of(busy.pid()), of(idle.pid()));
+    assert_eq!((b.container, b.cap), (i.container, 50), "one capped container\n{ctx}");
+    assert!(now.saturating_sub(b.last_launch_ns) <= RECENT_NS && b.util_centi > 0, "the busy process shows its work\n{ctx}");
+    assert!(now.saturating_sub(i.last_launch_ns) > RECENT_NS, "the idle process shows a recent launch (its container's)\n{ctx}");
+    assert_eq!(i.util_centi, 0, "the idle process shows its container's utilization\n{ctx}");
+    idle.stop();
+    busy.stop();
+}

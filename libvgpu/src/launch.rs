@@ -415,6 +415,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     LAUNCHED.store(true, Relaxed);
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
+    crate::node::launched_on(dev, vgpu_core::clock::fast_now_ns());
     crate::caps::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
     // A launch into a capture does not run now (the graph's launch is gated instead).
     COUNTERS.gated.fetch_add(1, Relaxed);

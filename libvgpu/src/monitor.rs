@@ -34,7 +34,7 @@ pub(crate) fn start(rt: &'static Runtime) {
         // The node view too, before the program's next launch: the thread's first round may
         // come late on a loaded machine, and launches before it went ungated (a program that
         // never synchronizes queued ~2 s of 20 ms kernels beside a higher priority on the mock).
-        crate::node::refresh(rt, ps, caps(ps), false);
+        crate::node::refresh(rt, ps, caps(ps), false, GATE.load(Relaxed));
         refresh_gate(rt, ps);
     }
     vgpu_core::clock::calibrate();
@@ -81,7 +81,7 @@ fn run(rt: &'static Runtime) {
         if when.upkeep {
             region_upkeep(ps);
         }
-        crate::node::refresh(rt, ps, caps(ps), LAUNCHED.load(Relaxed));
+        crate::node::refresh(rt, ps, caps(ps), LAUNCHED.load(Relaxed), GATE.load(Relaxed));
         refresh_gate(rt, ps);
         if !when.publish {
             continue;

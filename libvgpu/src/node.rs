@@ -46,6 +46,9 @@ static STATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVIC
 static STATE_PID: AtomicU32 = AtomicU32::new(0);
 /// Our part of each turn period on device d (`node::turn`): offset us << 32 | length us; 0 none.
 static TURN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// This process's latest gated launch on device d (`launched_on`): its entry says what it did
+/// itself, not its container (`node::own_activity`).
+static OWN_LAUNCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Ticks since the last reap.
 static TICKS: AtomicU64 = AtomicU64::new(0);
 
@@ -178,6 +181,7 @@ fn attach(rt: &Runtime, ps: &ProcState) {
         OTHERS_BUSY[dev].store(false, Relaxed);
         TURN[dev].store(0, Relaxed);
         STATE[dev].store(2, Relaxed);
+        OWN_LAUNCH[dev].store(0, Relaxed); // a forked child's entry says what the child did
         let (Some(info), Some(dir)) = (ps.devices.get(dev), dir.as_deref()) else { continue };
         let file = match NodeFile::open(dir, &info.uuid, true) {
             Ok(f) => f,
@@ -202,28 +206,29 @@ fn attach(rt: &Runtime, ps: &ProcState) {
 
 /// Monitor tick: heartbeat our entries (cap, soft cap, utilization, latest launch), read the
 /// others, set the flags the gate reads; reap entries of dead processes about once a second.
-/// `launched`: this process launched since the monitor's last publish.
-pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Option<u32>, Option<u32>), launched: bool) {
+/// `launched`: this process launched since the monitor's last publish; `gated`: its launches go
+/// through the gate (which dates them per GPU, `launched_on`).
+pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Option<u32>, Option<u32>), launched: bool, gated: bool) {
     attach(rt, ps);
     let now = vgpu_core::clock::now_ns();
     let reap = TICKS.fetch_add(1, Relaxed).is_multiple_of(10);
-    // No other process with work on any GPU of ours that is not of a higher priority.
-    let mut may_shorten = true;
-    for dev in 0..ps.devices.len().min(MAX_DEVICES) {
+    let ndev = ps.devices.len().min(MAX_DEVICES);
+    let mut gpus: Vec<(u64, Option<Seen>)> = Vec::with_capacity(ndev);
+    for dev in 0..ndev {
+        let own_last = node::own_last_launch(OWN_LAUNCH[dev].load(Relaxed), launched, ndev == 1, gated, now);
+        gpus.push((own_last, None));
         let Some(n) = dev_node(dev) else { continue };
         if n.pid != my_pid() {
             continue;
         }
         let lim = ps.region.limiter(dev);
-        let last_launch = lim.last_launch_ns.load(Relaxed).max(if launched { now } else { 0 });
         let (cap, soft) = caps(dev);
         write_entry(n, |e| {
             e.heartbeat_ns = now;
             e.priority = rt.config.priority;
             e.cap = cap.unwrap_or(0);
             e.soft_cap = soft.unwrap_or(0);
-            e.util_centi = if now.saturating_sub(last_launch) <= 2_000_000_000 { lim.util_centi_percent.load(Relaxed).min(10_000) as u32 } else { 0 };
-            e.last_launch_ns = e.last_launch_ns.max(last_launch);
+            (e.last_launch_ns, e.util_centi) = node::own_activity(e.last_launch_ns, own_last, lim.util_centi_percent.load(Relaxed).min(10_000) as u32, now);
         });
         let slots = match n.file.read() {
             Ok(s) => s,
@@ -240,22 +245,107 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         TURN[dev].store(turn.map_or(0, |t| (t.offset_ns / 1000) << 32 | (t.len_ns / 1000).max(1)), Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
         OTHERS_BUSY[dev].store(p.others_busy, Relaxed);
-        may_shorten &= node::may_shorten(&slots, n.idx, rt.config.priority, now);
+        gpus[dev].1 = Some(Seen { higher: p.higher, slots, n });
         if reap {
             n.file.reap(Some(n.idx));
         }
     }
     // Our channel groups give way quickly while a higher-priority container is on a GPU of ours
-    // and no other process with work there would run the short timeslice too (a process with
-    // several GPUs decides for all of them: its groups' GPUs are not tracked). Otherwise they
-    // keep libcuda's, and `queue_bound` bounds our queue.
-    let defer = (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed));
-    crate::tsg::apply((defer && may_shorten).then_some(node::LOWER_TIMESLICE_US));
+    // and no other process with work on any of our GPUs would run the short timeslice too (two
+    // short contexts nearly stop each other); otherwise they keep libcuda's, and `queue_bound`
+    // bounds our queue. The lock probes of `may_shorten` only while a higher priority is there.
+    let short = gpus.iter().any(|(_, g)| g.as_ref().is_some_and(|g| g.higher))
+        && node::shorten_everywhere(
+            &gpus
+                .iter()
+                .map(|(own_last, g)| node::GpuView {
+                    higher: g.as_ref().is_some_and(|g| g.higher),
+                    active: *own_last != 0 && now.saturating_sub(*own_last) <= node::RECENT_NS,
+                    may: g.as_ref().map(|g| may_shorten_on(rt.config.priority, g.n, &g.slots, now)),
+                })
+                .collect::<Vec<_>>(),
+        );
+    crate::tsg::apply(short.then_some(node::LOWER_TIMESLICE_US));
+}
+
+/// One GPU's node file as a tick read it (per GPU of ours, with our latest launch there).
+struct Seen<'a> {
+    /// A live higher-priority container is there.
+    higher: bool,
+    slots: Vec<node::Slot>,
+    n: &'a DevNode,
+}
+
+/// `node::may_shorten` on one GPU's entries, and only while our own entry reads back as we wrote
+/// it (a tenant overwriting it could otherwise make us look idle to the others). Its declared
+/// work is left out of the comparison: the launch path may have rewritten it since the read.
+fn may_shorten_on(priority: i32, n: &DevNode, slots: &[node::Slot], now: u64) -> bool {
+    let ours = *n.entry.lock().unwrap_or_else(|p| p.into_inner());
+    let intact = matches!(slots.get(n.idx), Some(node::Slot::Used(e)) if Entry { active_until_ns: e.active_until_ns, ..ours } == *e);
+    intact && node::may_shorten(slots, n.idx, priority, now, |i| n.file.owned_elsewhere(i))
+}
+
+/// The launch path (gated): this process launched on `dev` at `now` (kept to the millisecond).
+pub(crate) fn launched_on(dev: usize, now: u64) {
+    if let Some(a) = OWN_LAUNCH.get(dev) {
+        if now.saturating_sub(a.load(Relaxed)) > 1_000_000 {
+            a.store(now, Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Our entry in a fresh node file of a temporary directory, written as `refresh` would.
+    fn claimed(tag: &str, now: u64) -> DevNode {
+        let dir = std::env::temp_dir().join(format!("vgpu-glue-node-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = NodeFile::open(&dir, "GPU-00000000-1111-2222-3333-444444444444", true).unwrap();
+        let idx = file.claim(now).unwrap();
+        let entry = Entry { container: 7, priority: 1, pid: my_pid(), heartbeat_ns: now, last_launch_ns: now, ..Entry::default() };
+        let n = DevNode { file, idx, pid: my_pid(), container: 7, entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
+        n.file.write(idx, &entry);
+        n
+    }
+
+    #[test]
+    fn a_process_whose_own_entry_was_overwritten_does_not_shorten() {
+        let now = vgpu_core::clock::now_ns();
+        let n = claimed("overwritten", now);
+        assert!(may_shorten_on(1, &n, &n.file.read().unwrap(), now), "alone, intact");
+        // The launch path declared work after the read: still ours.
+        write_entry(&n, |e| e.active_until_ns = now + 1_000_000);
+        let before = n.file.read().unwrap();
+        write_entry(&n, |e| e.active_until_ns = now + 2_000_000);
+        assert!(may_shorten_on(1, &n, &before, now));
+        // A tenant zeroed our entry (the file is writable by all): the others would see no work
+        // of ours, so we must not be short beside them.
+        let mut forged = n.file.read().unwrap();
+        forged[n.idx] = node::Slot::Free;
+        assert!(!may_shorten_on(1, &n, &forged, now));
+        let mut idle = n.file.read().unwrap();
+        idle[n.idx] = node::Slot::Used(Entry { last_launch_ns: 0, ..*n.entry.lock().unwrap() });
+        assert!(!may_shorten_on(1, &n, &idle, now), "rewritten to look idle");
+    }
+
+    #[test]
+    fn a_zeroed_slot_whose_owner_lives_counts_as_work() {
+        let now = vgpu_core::clock::now_ns();
+        let n = claimed("zeroed", now);
+        // Another owner (its own open file: another process to the kernel's OFD locks) whose
+        // entry a tenant zeroed.
+        let dir = n.file.path.parent().unwrap().to_path_buf();
+        let other = NodeFile::open(&dir, "GPU-00000000-1111-2222-3333-444444444444", true).unwrap();
+        let j = other.claim(now).unwrap();
+        assert_ne!(j, n.idx);
+        assert_eq!(n.file.read().unwrap()[j], node::Slot::Free);
+        assert!(!may_shorten_on(1, &n, &n.file.read().unwrap(), now));
+        drop(other); // its owner gone: the slot is nobody's
+        assert!(may_shorten_on(1, &n, &n.file.read().unwrap(), now));
+    }
 
     /// The flags are the process's: one test walks the cases in order.
     #[test]

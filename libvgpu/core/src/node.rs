@@ -15,8 +15,11 @@
 //! * an entry is believed only with a valid checksum, a heartbeat at most `STALE_NS` old (and not
 //!   in the future), a priority clamped to `0..=MAX_PRIORITY`;
 //! * what an entry can make others do is hold launches while it claims higher-priority work,
-//!   each hold bounded by the limiter's `MAX_HOLD_NS`, and withhold the soft cap (never the hard
-//!   cap): at most the priority advantage a real high-priority tenant would take.
+//!   each hold bounded by the limiter's `MAX_HOLD_NS`, withhold the soft cap (never the hard
+//!   cap), and keep a lower-priority process at libcuda's timeslice by claiming work beside it
+//!   (`may_shorten`): at most the priority advantage a real high-priority tenant would take.
+//!   (A tenant that also sets its own channel groups' timeslice short, which the driver allows,
+//!   can make a short one of ours switch with it every timeslice: open, README threat model.)
 //!
 //! Each process owns its entry: it holds an OFD write lock on the entry's lock byte
 //! (`LOCK_ENTRY + index`, far beyond the data) for its lifetime, so a claimer that can take the
@@ -96,14 +99,15 @@ pub struct Entry {
     pub heartbeat_ns: u64,
     /// The owner has work queued or running until then (declared; 0 or past = idle).
     pub active_until_ns: u64,
-    /// The container's latest launch seen by the owner (0 = none).
+    /// The owner's own latest launch on this GPU (0 = none; `own_activity`).
     pub last_launch_ns: u64,
     pub priority: i32,
     /// Hard SM cap in percent (0 = none).
     pub cap: u32,
     /// Soft SM cap in percent (0 = none).
     pub soft_cap: u32,
-    /// The container's recent utilization, percent x 100.
+    /// The container's recent utilization, percent x 100, while the owner's own latest launch
+    /// is at most 2 s old (else 0: `own_activity`).
     pub util_centi: u32,
     /// The owner's pid (in its own namespace; informational).
     pub pid: u32,
@@ -247,12 +251,59 @@ fn has_work(e: &Entry, now: u64) -> bool {
 /// GPT-2 trainings whose groups were all at 50 us made almost no progress for minutes (GPU 99%
 /// busy), where at libcuda's timeslice the pair did 1.15x one alone. A higher-priority one runs
 /// libcuda's timeslice, so one short context beside it costs nothing of the kind.
-pub fn may_shorten(slots: &[Slot], mine: usize, my_priority: i32, now: u64) -> bool {
+///
+/// Entries say what each process did itself (`own_activity`), so an idle process of a busy
+/// container does not count. A slot that is not a live entry but whose lock byte a live process
+/// holds (`owned`: a tenant zeroed or garbled it, or its owner is frozen with work queued)
+/// counts as one with work: it cannot be told apart from one.
+pub fn may_shorten(slots: &[Slot], mine: usize, my_priority: i32, now: u64, owned: impl Fn(usize) -> bool) -> bool {
     let me = my_priority.clamp(0, MAX_PRIORITY);
     slots.iter().enumerate().all(|(i, s)| match s {
-        Slot::Used(e) if i != mine && live(e, now) => priority_of(e) < me || !has_work(e, now),
-        _ => true,
+        _ if i == mine => true,
+        Slot::Used(e) if live(e, now) => priority_of(e) < me || !has_work(e, now),
+        // Stale (frozen, or detached after a read error, or an orphan's descriptor): judged by
+        // what it said at its last heartbeat, if a live process still holds it.
+        Slot::Used(e) => !owned(i) || priority_of(e) < me || !has_work(e, e.heartbeat_ns),
+        _ => !owned(i),
     })
+}
+
+/// One GPU of a process, as the short-timeslice decision sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuView {
+    /// A live higher-priority container is there.
+    pub higher: bool,
+    /// We launched there within `RECENT_NS` (our groups there may have work queued).
+    pub active: bool,
+    /// `may_shorten` there; `None`: no usable node entry (nobody there would see us short).
+    pub may: Option<bool>,
+}
+
+/// Shorten our channel groups (they are not told apart by GPU)? While a higher-priority
+/// container is on some GPU of ours, and every GPU we work on allows it. A GPU we do not work on
+/// gives no opinion: a data-parallel rank sees every GPU of its pod but runs on its own, and the
+/// other ranks' work there would otherwise keep every rank long.
+pub fn shorten_everywhere(gpus: &[GpuView]) -> bool {
+    gpus.iter().any(|g| g.higher) && gpus.iter().all(|g| !g.active || g.may == Some(true))
+}
+
+/// This process's latest launch on one GPU for its entry: `gated_ns`, its latest gated launch
+/// there (the launch path knows the GPU), or `now` when it made ungated launches since the last
+/// tick (`launched`) and those can only have been on this GPU (`single_gpu`) or the process has
+/// no gated launches to tell GPUs apart (`!gated`).
+pub fn own_last_launch(gated_ns: u64, launched: bool, single_gpu: bool, gated: bool, now: u64) -> u64 {
+    gated_ns.max(if launched && (single_gpu || !gated) { now } else { 0 })
+}
+
+/// A process's own figures for its entry on one GPU: its latest launch there (never moving back
+/// from `prev_last_launch_ns`), and the container's utilization only while that launch is at
+/// most 2 s old (the container's figures in every entry would make each idle process of a busy
+/// container look busy to `may_shorten`). Containers' views (`peers`, `turn`, `containers`)
+/// merge their processes' entries, so they still see the container's latest launch.
+pub fn own_activity(prev_last_launch_ns: u64, own_last_launch_ns: u64, container_util_centi: u32, now: u64) -> (u64, u32) {
+    let last = prev_last_launch_ns.max(own_last_launch_ns);
+    let fresh = last != 0 && now.saturating_sub(last) <= 2_000_000_000;
+    (last, if fresh { container_util_centi.min(10_000) } else { 0 })
 }
 
 /// What a process learns about the other containers on its GPU.
@@ -606,6 +657,11 @@ impl NodeFile {
             lock::unlock(fd, LOCK_ENTRY + idx as i64);
         }
         None
+    }
+
+    /// Does another process hold entry `idx`'s lock byte (a live owner, whatever the entry says)?
+    pub fn owned_elsewhere(&self, idx: usize) -> bool {
+        idx < ENTRIES && lock::held_by_other(self.file.as_raw_fd(), LOCK_ENTRY + idx as i64)
     }
 
     /// Clear entries whose owner is gone (their lock byte can be taken). Never waits.

@@ -311,26 +311,109 @@ fn a_lower_priority_queue_is_bounded_unless_the_gpu_switches_away_from_all_of_it
 #[test]
 fn only_one_process_without_higher_priority_work_beside_it_runs_the_short_timeslice() {
     let now = T;
+    let nobody = |_: usize| false;
     let working = |c, p| Entry { last_launch_ns: now - MS, ..entry(c, p) };
     let idle = |c, p| Entry { last_launch_ns: now - RECENT_NS - 1, ..entry(c, p) };
+    let may = |slots: &[Slot], mine, prio| may_shorten(slots, mine, prio, now, nobody);
     // Beside a higher-priority container, busy or not, and an idle one of our priority: short.
     let slots = [Slot::Used(working(1, 0)), Slot::Used(idle(2, 1)), Slot::Used(working(3, 1)), Slot::Corrupt, Slot::Free];
-    assert!(may_shorten(&slots, 2, 1, now));
+    assert!(may(&slots, 2, 1));
     // Another training of our priority has work: two short contexts would switch between each
     // other every timeslice; neither shortens.
     let two = [Slot::Used(working(1, 0)), Slot::Used(working(2, 1)), Slot::Used(working(3, 1))];
-    assert!(!may_shorten(&two, 1, 1, now) && !may_shorten(&two, 2, 1, now));
+    assert!(!may(&two, 1, 1) && !may(&two, 2, 1));
     // A lower priority with work counts too (it would be short beside its own higher ones).
-    assert!(!may_shorten(&[Slot::Used(working(3, 1)), Slot::Used(working(4, 2))], 0, 1, now));
+    assert!(!may(&[Slot::Used(working(3, 1)), Slot::Used(working(4, 2))], 0, 1));
     // Another process of our own container has its own context: it counts.
-    assert!(!may_shorten(&[Slot::Used(working(3, 1)), Slot::Used(working(3, 1))], 0, 1, now));
-    // Declared work or utilization is work; a dead entry is not.
-    let declared = Entry { active_until_ns: now + MS, ..idle(2, 1) };
-    let util = Entry { util_centi: 5000, ..idle(2, 1) };
-    let dead = Entry { heartbeat_ns: now - STALE_NS - 1, ..working(2, 1) };
-    assert!(!may_shorten(&[Slot::Used(declared), Slot::Used(working(3, 1))], 1, 1, now));
-    assert!(!may_shorten(&[Slot::Used(util), Slot::Used(working(3, 1))], 1, 1, now));
-    assert!(may_shorten(&[Slot::Used(dead), Slot::Used(working(3, 1))], 1, 1, now));
-    // Priorities are clamped as everywhere: -5 is 0, not above our 0.
-    assert!(!may_shorten(&[Slot::Used(working(1, -5)), Slot::Used(working(3, 0))], 1, 0, now));
+    assert!(!may(&[Slot::Used(working(3, 1)), Slot::Used(working(3, 1))], 0, 1));
+    // Declared work or utilization (from 5%) is work; a dead entry or a launch dated in the
+    // future (a liar, another clock) is not.
+    let with = |e: Entry| [Slot::Used(e), Slot::Used(working(3, 1))];
+    assert!(!may(&with(Entry { active_until_ns: now + MS, ..idle(2, 1) }), 1, 1));
+    assert!(!may(&with(Entry { util_centi: 500, ..idle(2, 1) }), 1, 1));
+    assert!(may(&with(Entry { util_centi: 499, ..idle(2, 1) }), 1, 1));
+    assert!(may(&with(Entry { heartbeat_ns: now - STALE_NS - 1, ..working(2, 1) }), 1, 1));
+    assert!(may(&with(Entry { last_launch_ns: now + MS, ..idle(2, 1) }), 1, 1));
+    // Priorities are clamped as everywhere: -5 is 0, not above our 0; 5000 is 1000, as is ours.
+    assert!(!may(&[Slot::Used(working(1, -5)), Slot::Used(working(3, 0))], 1, 0));
+    assert!(!may(&[Slot::Used(working(1, 1000)), Slot::Used(working(3, 5000))], 1, 5000));
+    assert!(may(&[Slot::Used(working(1, 999)), Slot::Used(working(3, 5000))], 1, 5000));
+}
+
+#[test]
+fn a_slot_held_by_a_live_owner_blocks_the_short_timeslice_whatever_it_says() {
+    let now = T;
+    let me = Entry { last_launch_ns: now - MS, ..entry(3, 1) };
+    let hb = now - STALE_NS - 1;
+    let frozen = Entry { heartbeat_ns: hb, last_launch_ns: hb - MS, ..entry(2, 1) };
+    // A tenant zeroed or garbled a live victim's entry, or its owner froze (stale heartbeat)
+    // while it had work: its lock byte is still held, so it may still run short beside us.
+    for other in [Slot::Free, Slot::Corrupt, Slot::Used(frozen)] {
+        let slots = [Slot::Used(me), other];
+        assert!(!may_shorten(&slots, 0, 1, now, |i| i == 1), "{other:?} held by a live owner");
+        assert!(may_shorten(&slots, 0, 1, now, |_| false), "{other:?} with its owner gone");
+    }
+    // A stale entry that was idle at its last heartbeat, or of a higher priority, blocks nothing
+    // even while held (an orphaned child keeping the descriptor, a detached owner).
+    let idle = Entry { last_launch_ns: hb - RECENT_NS - 1, ..frozen };
+    let higher = Entry { priority: 0, ..frozen };
+    for other in [idle, higher] {
+        assert!(may_shorten(&[Slot::Used(me), Slot::Used(other)], 0, 1, now, |_| true), "{other:?}");
+    }
+    // Our own slot is never asked about.
+    assert!(may_shorten(&[Slot::Used(me)], 0, 1, now, |i| panic!("asked about {i}")));
+}
+
+#[test]
+fn each_entry_carries_its_own_process_work_not_its_containers() {
+    let now = T;
+    // An idle process of a busy container: the container's utilization is not written into its
+    // entry, so it does not keep the container's working process from shortening.
+    let (last, util) = own_activity(0, 0, 9000, now);
+    assert_eq!((last, util), (0, 0));
+    let idle_sibling = Entry { last_launch_ns: last, util_centi: util, ..entry(3, 1) };
+    let (last, util) = own_activity(0, now - MS, 9000, now);
+    assert_eq!((last, util), (now - MS, 9000));
+    let trainer = Entry { last_launch_ns: last, util_centi: util, ..entry(3, 1) };
+    let slots = [Slot::Used(entry(1, 0)), Slot::Used(trainer), Slot::Used(idle_sibling)];
+    assert!(may_shorten(&slots, 1, 1, now, |_| false));
+    assert!(!may_shorten(&slots, 2, 1, now, |_| false), "the sibling itself sees the trainer");
+    // The latest launch never moves back; the utilization goes with a launch 2 s old.
+    assert_eq!(own_activity(now - MS, now - 5 * MS, 100, now).0, now - MS);
+    assert_eq!(own_activity(now - 2_000 * MS, 0, 20_000, now), (now - 2_000 * MS, 10_000));
+    assert_eq!(own_activity(now - 2_001 * MS, 0, 20_000, now).1, 0);
+    // The container's view still sees its latest launch through the working process's entry.
+    let v = containers(&slots, now);
+    assert!(v.iter().any(|c| c.container == 3 && c.last_launch_ns == now - MS && c.util_centi == 9000));
+}
+
+#[test]
+fn groups_shorten_only_where_every_gpu_the_process_works_on_allows_it() {
+    let g = |higher, active, may| GpuView { higher, active, may };
+    assert!(!shorten_everywhere(&[]), "no GPU");
+    assert!(shorten_everywhere(&[g(true, true, Some(true))]));
+    assert!(shorten_everywhere(&[g(true, false, Some(true))]), "nothing queued yet: ready for the first launch");
+    assert!(!shorten_everywhere(&[g(false, true, Some(true))]), "no higher priority anywhere");
+    assert!(!shorten_everywhere(&[g(true, true, Some(false))]));
+    // The groups are not told apart by GPU: a GPU we work on where another process has work,
+    // or one without a node entry (nobody there sees us), keeps them all at libcuda's.
+    assert!(!shorten_everywhere(&[g(true, true, Some(true)), g(false, true, Some(false))]));
+    assert!(!shorten_everywhere(&[g(true, true, Some(true)), g(false, true, None)]));
+    assert!(shorten_everywhere(&[g(true, true, Some(true)), g(false, true, Some(true))]));
+    // A GPU we do not work on (another data-parallel rank's) has no say.
+    assert!(shorten_everywhere(&[g(true, true, Some(true)), g(true, false, Some(false)), g(false, false, None)]));
+}
+
+#[test]
+fn a_process_s_own_launch_is_dated_on_the_gpu_it_went_to() {
+    let now = T;
+    // Gated launches know their GPU.
+    assert_eq!(own_last_launch(now - MS, false, false, true, now), now - MS);
+    // Ungated ones: on the only GPU, or on every GPU of a process with no gated launches.
+    assert_eq!(own_last_launch(0, true, true, false, now), now);
+    assert_eq!(own_last_launch(0, true, false, false, now), now);
+    // A gated multi-GPU process's LAUNCHED flag says nothing of which GPU.
+    assert_eq!(own_last_launch(now - 5 * MS, true, false, true, now), now - 5 * MS);
+    assert_eq!(own_last_launch(now - 5 * MS, true, true, true, now), now);
+    assert_eq!(own_last_launch(0, false, true, false, now), 0);
 }
