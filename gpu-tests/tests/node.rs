@@ -437,3 +437,31 @@ fn an_idle_process_of_a_busy_container_writes_no_work_into_its_entry() {
     idle.stop();
     busy.stop();
 }
+
+/// A kernel that runs for seconds after its launch is still work: the process's entry keeps
+/// saying so (the monitor dates it while the gate has launches pending), or a peer beside a
+/// higher priority would take it for idle and run the short timeslice beside it.
+#[test]
+#[serial]
+fn a_long_kernel_keeps_its_process_entry_busy_after_the_launch() {
+    use vgpu_core::node::{parse, Slot, RECENT_NS};
+    let s = Scratch::new("node-long-kernel");
+    // A higher-priority container on the GPU (idle) gates the lower one's launches.
+    let mut high = Bg::spawn(requests(&s, "hi", 0, 1000, 1000, 1, &["--idle-seconds", "15"]), "high priority");
+    high.wait_line("idle=1", Duration::from_secs(15));
+    let mut long = container(&s, "lo", "test_streams", 1, &[]);
+    long.args(["--us", "3000000", "--seconds", "1", "--sync-every", "1"]);
+    let long = Bg::spawn(long, "3 s kernels");
+    std::thread::sleep(Duration::from_millis(2300));
+    let bytes = std::fs::read(node_file(&s)).unwrap();
+    let now = vgpu_core::clock::now_ns();
+    let e = parse(&bytes).unwrap().into_iter().find_map(|x| match x {
+        Slot::Used(e) if e.pid == long.pid() as u32 => Some(e),
+        _ => None,
+    });
+    let ctx = format!("{e:?}\n{}\n{}", long.text(), high.text());
+    let e = e.unwrap_or_else(|| panic!("no entry of the long-kernel process\n{ctx}"));
+    assert!(e.last_launch_ns != 0 && now.saturating_sub(e.last_launch_ns) <= RECENT_NS, "2.3 s into a 3 s kernel its entry looks idle\n{ctx}");
+    long.stop();
+    high.stop();
+}

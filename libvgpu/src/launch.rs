@@ -563,6 +563,11 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                 let now = vgpu_core::clock::now_ns();
                 g.meter.poll(&mut g.events, &ps.region.bucket(dev), now);
                 g.events.settle();
+                // Work still queued or running counts as ours now: a kernel outliving its launch
+                // by seconds must not make us look idle to the node view (`node::may_shorten`).
+                if g.meter.pending_launches() > 0 {
+                    crate::node::launched_on(dev, now);
+                }
                 match g.meter.queued_est_ns() {
                     0 => crate::node::idle(dev, now),
                     queued => crate::node::declare(dev, now, || queued),

@@ -40,9 +40,11 @@ pub(crate) fn start(rt: &'static Runtime) {
     vgpu_core::clock::calibrate();
     let spawned = std::thread::Builder::new().name("vgpu-monitor".into()).spawn(move || run(rt));
     if let Err(e) = spawned {
-        // Without the thread, caps set later are not noticed; caps set now still apply.
+        // Without the thread, caps set later are not noticed; caps set now still apply. Nothing
+        // would restore a short timeslice the first round set: the groups keep libcuda's.
         vgpu_core::error!("cannot start the monitor thread ({e}); run-time limit changes will not apply");
         GATE.store(true, Release);
+        crate::tsg::apply(None);
     }
 }
 

@@ -285,7 +285,8 @@ fn may_shorten_on(priority: i32, n: &DevNode, slots: &[node::Slot], now: u64) ->
     intact && node::may_shorten(slots, n.idx, priority, now, |i| n.file.owned_elsewhere(i))
 }
 
-/// The launch path (gated): this process launched on `dev` at `now` (kept to the millisecond).
+/// The launch path (gated): this process launched on `dev` at `now`, or the monitor found work of
+/// ours still queued or running there (kept to the millisecond).
 pub(crate) fn launched_on(dev: usize, now: u64) {
     if let Some(a) = OWN_LAUNCH.get(dev) {
         if now.saturating_sub(a.load(Relaxed)) > 1_000_000 {
