@@ -19,7 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import Proc, tenant_env  # noqa: E402
+from share import Proc, idle_on_gpu, tenant_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 secs = float(sys.argv[1]) if len(sys.argv) > 1 else 20
@@ -28,8 +28,7 @@ CPUS = os.environ.get("CPUS", "").split(":") if os.environ.get("CPUS") else None
 if CPUS and (len(CPUS) != 2 or not all(CPUS)):
     sys.exit(f"priority.py: CPUS={os.environ['CPUS']!r}: want SERVICE_CPUS:TRAINING_CPUS, e.g. 0-3:8-15")
 SERVICE = [sys.executable, f"{HERE}/service.py", str(secs)]
-IDLE = [sys.executable, "-c", "import time, torch; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize(); "
-        f"print('ready', flush=True); time.sleep({secs + 400})"]
+IDLE = idle_on_gpu(secs + 400)
 if CPUS:
     SERVICE, IDLE, TRAIN = (["taskset", "-c", c] + cmd for c, cmd in ((CPUS[0], SERVICE), (CPUS[0], IDLE), (CPUS[1], TRAIN)))
 node_dir = tempfile.mkdtemp(prefix="node-")

@@ -196,6 +196,13 @@ def tenant_env(node_dir, prio, tag):
     return e
 
 
+def idle_on_gpu(seconds):
+    """A process that puts a context on the GPU, prints `ready` and sends nothing more for
+    `seconds` (a higher-priority container with no work: priority.py, two_lower.py)."""
+    return [sys.executable, "-c", "import time, torch; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize(); "
+            f"print('ready', flush=True); time.sleep({seconds})"]
+
+
 def start(cmd, env, n):
     procs = [Proc(cmd, env) for _ in range(n)]
     for p in procs:

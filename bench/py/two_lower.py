@@ -17,14 +17,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import tenant_env  # noqa: E402
+from share import idle_on_gpu, tenant_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 secs = float(sys.argv[1]) if len(sys.argv) > 1 else 10
 kind = sys.argv[2] if len(sys.argv) > 2 else "gpt2"
 node_dir = tempfile.mkdtemp(prefix="node-")
-IDLE = [sys.executable, "-c", "import time, torch; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize(); "
-        "print('ready', flush=True); time.sleep(3600)"]
+IDLE = idle_on_gpu(3600)
 
 
 def progress(path):
