@@ -9,6 +9,7 @@ TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/sam
 --sync-every 0", to tell what the training's kernel lengths cost the service's tail; MODES: the runs beside the
 service, "no_priority priority" by default; "idle_higher" adds one beside a priority-0 container that is on the GPU
 but sends nothing: what being the lower priority costs the training by itself (its rate over its solo rate);
+TRAINERS=N: N trainings at once, each its own container (default 1; their rates summed, solo too);
 CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
 hook's lines of each training run go to $OUT/priority-train-MODE.log)"""
 import json
@@ -32,6 +33,7 @@ IDLE = idle_on_gpu(secs + 400)
 if CPUS:
     SERVICE, IDLE, TRAIN = (["taskset", "-c", c] + cmd for c, cmd in ((CPUS[0], SERVICE), (CPUS[0], IDLE), (CPUS[1], TRAIN)))
 node_dir = tempfile.mkdtemp(prefix="node-")
+TRAINERS = int(os.environ.get("TRAINERS", "1"))
 
 
 def env(prio, tag):
@@ -45,22 +47,30 @@ def service(prio):
     return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
 
 
-def training_rate(p, t0, t1):
-    return (p.at(t1) - p.at(t0)) / (t1 - t0)
+def trainings(prio, tag):
+    """TRAINERS trainings, each its own container, all reporting progress."""
+    procs = [Proc(TRAIN, env(prio, f"{tag}-{i}" if TRAINERS > 1 else tag)) for i in range(TRAINERS)]
+    for p in procs:
+        p.ready.wait(300)
+    return procs
 
 
-def stop(train, mode):
-    train.p.terminate()
-    train.p.wait()
-    train.reader.join(10)  # the last lines still in the pipe
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], f"priority-train-{mode}.log"), "a") as f:
-            f.writelines(x for x in train.log if x.startswith("[libvgpu"))
+def training_rate(procs, t0, t1):
+    return sum(p.at(t1) - p.at(t0) for p in procs) / (t1 - t0)
+
+
+def stop(procs, mode):
+    for train in procs:
+        train.p.terminate()
+        train.p.wait()
+        train.reader.join(10)  # the last lines still in the pipe
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], f"priority-train-{mode}.log"), "a") as f:
+                f.writelines(x for x in train.log if x.startswith("[libvgpu"))
 
 
 # Training alone: its solo throughput.
-train = Proc(TRAIN, env(1, "train"))
-train.ready.wait(300)
+train = trainings(1, "train")
 time.sleep(3)
 t0 = time.monotonic()
 time.sleep(8)
@@ -69,7 +79,7 @@ stop(train, "solo")
 # The service alone: its latency and how busy it keeps the GPU.
 alone = service(0)
 svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
-rec = dict(training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
+rec = dict(trainers=TRAINERS, training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
 MODES = os.environ.get("MODES", "no_priority priority").split()
 if "idle_higher" in MODES:
     idle = subprocess.Popen(IDLE, env=env(0, "idle"), stdout=subprocess.PIPE, text=True)
@@ -77,8 +87,7 @@ if "idle_higher" in MODES:
         # Without it on the GPU the run would measure the training alone, 1.00 by construction.
         if idle.stdout.readline() != "ready\n" or idle.poll() is not None:
             sys.exit("priority.py: the idle priority-0 container did not start")
-        train = Proc(TRAIN, env(1, "train-idle"))
-        train.ready.wait(300)
+        train = trainings(1, "train-idle")
         time.sleep(3)
         t0 = time.monotonic()
         time.sleep(secs)
@@ -93,8 +102,7 @@ if "idle_higher" in MODES:
 for mode, train_prio in (("no_priority", 0), ("priority", 1)):
     if mode not in MODES:
         continue
-    train = Proc(TRAIN, env(train_prio, f"train-{mode}"))
-    train.ready.wait(300)
+    train = trainings(train_prio, f"train-{mode}")
     time.sleep(3)
     t0 = time.monotonic()
     beside = service(0)

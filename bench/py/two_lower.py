@@ -7,7 +7,8 @@ short), and prints how much the pair together did over one alone (1.00: switchin
 H200: without libvgpu 1.14-1.15; at 94b8125 (both processes short) the pair made almost no
 progress for minutes, so a process now shortens only when no other one without higher priority
 has work (`node::may_shorten`).
-usage: two_lower.py [SECONDS] [WORKLOAD]   (env DIST; LIBVGPU: another build of the hook)
+usage: two_lower.py [SECONDS] [WORKLOAD]   (env DIST; LIBVGPU: another build of the hook; ONE=RATE: one's rate
+       measured before, the pair only)
 prints one `two_lower {json}` line"""
 import json
 import os
@@ -60,7 +61,7 @@ idle = subprocess.Popen(IDLE, env=tenant_env(node_dir, 0, "idle"), stdout=subpro
 try:
     if idle.stdout.readline() != "ready\n":
         sys.exit("two_lower.py: the idle priority-0 container did not start")
-    one = rates(1)[0]
+    one = float(os.environ["ONE"]) if os.environ.get("ONE") else rates(1)[0]
     print(f"two_lower: one alone {one:.3f}/s", flush=True)
     two = rates(2)
 finally:

@@ -36,6 +36,10 @@ static NODES: [AtomicPtr<DevNode>; MAX_DEVICES] = [const { AtomicPtr::new(std::p
 /// A higher-priority container shares device d: hold while it has work (`node::lower_queue_ns`
 /// bounds our queue then, unless the GPU switches away from all our work by itself).
 static DEFER: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// ... and it has work (`Peers::higher_working`): our queue stays bounded at the shared timeslice.
+static HIGHER_WORKING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// The monitor set our channel groups to `SHARED_TIMESLICE_US` (not the short one).
+static SHARED: AtomicBool = AtomicBool::new(false);
 /// A lower-priority container shares device d: declare our work.
 static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Another container on device d has work (soft cap withheld); meaningful while attached.
@@ -85,7 +89,8 @@ pub(crate) fn others_busy(dev: usize) -> Option<bool> {
 /// What this process keeps queued at most on `dev` (`tsg::short`: a new channel group clears
 /// it at once, so the bound is back before the monitor's next tick).
 pub(crate) fn queue_bound(dev: usize) -> Option<u64> {
-    node::lower_queue_ns(defer(dev), crate::tsg::short())
+    let working = HIGHER_WORKING.get(dev).is_some_and(|w| w.load(Relaxed));
+    node::lower_queue_ns(defer(dev), crate::tsg::short(), SHARED.load(Relaxed), working)
 }
 
 /// Our turn on `dev`, while capped containers of our priority take turns there.
@@ -157,6 +162,7 @@ fn container_id(ps: &ProcState) -> u64 {
 
 fn detach(dev: usize) {
     DEFER[dev].store(false, Relaxed);
+    HIGHER_WORKING[dev].store(false, Relaxed);
     ANNOUNCE[dev].store(false, Relaxed);
     OTHERS_BUSY[dev].store(false, Relaxed);
     TURN[dev].store(0, Relaxed);
@@ -177,6 +183,7 @@ fn attach(rt: &Runtime, ps: &ProcState) {
     for dev in 0..MAX_DEVICES {
         NODES[dev].store(std::ptr::null_mut(), Release);
         DEFER[dev].store(false, Relaxed);
+        HIGHER_WORKING[dev].store(false, Relaxed);
         ANNOUNCE[dev].store(false, Relaxed);
         OTHERS_BUSY[dev].store(false, Relaxed);
         TURN[dev].store(0, Relaxed);
@@ -241,6 +248,7 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         let container = n.container;
         let p: Peers = node::peers(&slots, container, rt.config.priority, now);
         DEFER[dev].store(p.higher, Relaxed);
+        HIGHER_WORKING[dev].store(p.higher_working, Relaxed);
         let turn = node::turn(&slots, container, rt.config.priority, cap, now);
         TURN[dev].store(turn.map_or(0, |t| (t.offset_ns / 1000) << 32 | (t.len_ns / 1000).max(1)), Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
@@ -250,22 +258,25 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
             n.file.reap(Some(n.idx));
         }
     }
-    // Our channel groups give way quickly while a higher-priority container is on a GPU of ours
-    // and no other process with work on any of our GPUs would run the short timeslice too (two
-    // short contexts nearly stop each other); otherwise they keep libcuda's, and `queue_bound`
-    // bounds our queue. The lock probes of `may_shorten` only while a higher priority is there.
-    let short = gpus.iter().any(|(_, g)| g.as_ref().is_some_and(|g| g.higher))
-        && node::shorten_everywhere(
-            &gpus
-                .iter()
-                .map(|(own_last, g)| node::GpuView {
-                    higher: g.as_ref().is_some_and(|g| g.higher),
-                    active: *own_last != 0 && now.saturating_sub(*own_last) <= node::RECENT_NS,
-                    may: g.as_ref().map(|g| may_shorten_on(rt.config.priority, g.n, &g.slots, now)),
-                })
-                .collect::<Vec<_>>(),
-        );
-    crate::tsg::apply(short.then_some(node::LOWER_TIMESLICE_US));
+    // While a higher-priority container is on a GPU of ours, our channel groups give way quickly:
+    // within the short timeslice when no other process with work on any of our GPUs would run it
+    // too (two short contexts nearly stop each other), else within the shared one. A group that
+    // does not run it leaves our queue bounded (`queue_bound`). The lock probes of `may_shorten`
+    // only while a higher priority is there.
+    let higher = gpus.iter().any(|(_, g)| g.as_ref().is_some_and(|g| g.higher));
+    let views: Vec<node::GpuView> = gpus
+        .iter()
+        .map(|(own_last, g)| node::GpuView {
+            higher: g.as_ref().is_some_and(|g| g.higher),
+            active: *own_last != 0 && now.saturating_sub(*own_last) <= node::RECENT_NS,
+            may: g.as_ref().filter(|_| higher).map(|g| may_shorten_on(rt.config.priority, g.n, &g.slots, now)),
+        })
+        .collect();
+    let want = node::group_timeslice_us(&views);
+    // Before the groups change: a tick leaving the short timeslice bounds the queue at once
+    // (`tsg::short` still reads true until `apply` has set every group).
+    SHARED.store(want == Some(node::SHARED_TIMESLICE_US), Relaxed);
+    crate::tsg::apply(want);
 }
 
 /// One GPU's node file as a tick read it (per GPU of ours, with our latest launch there).

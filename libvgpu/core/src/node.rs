@@ -69,18 +69,30 @@ pub const IDLE_GRACE_NS: u64 = 300_000;
 pub const LOWER_QUEUE_NS: u64 = 250_000;
 
 /// What a process keeps queued at most on a GPU where a higher-priority container is (`defer`):
-/// `LOWER_QUEUE_NS`, unless every channel group of ours runs `LOWER_TIMESLICE_US` (`all_short`):
-/// the GPU then switches to the other's work within it whatever we have queued, and a bound only
-/// cost us (an H200 GPT-2 training beside a higher-priority container that sent no work kept
-/// 0.89 of its rate under a 2 ms bound, 1.00 without).
-pub fn lower_queue_ns(defer: bool, all_short: bool) -> Option<u64> {
-    (defer && !all_short).then_some(LOWER_QUEUE_NS)
+/// `LOWER_QUEUE_NS`, unless every channel group of ours runs the timeslice we chose (`all_set`)
+/// and that is `LOWER_TIMESLICE_US` (`!shared`) or the higher-priority container has no work now
+/// (`!higher_working`). At the short timeslice the GPU switches to the other's work within 50 us
+/// whatever we have queued, and a bound only cost us (an H200 GPT-2 training beside a
+/// higher-priority container that sent no work kept 0.89 of its rate under a 2 ms bound, 1.00
+/// without). At `SHARED_TIMESLICE_US` a request waits up to that long behind each such context
+/// with work queued: bounded while the other works, unbounded while it is idle (two trainings
+/// beside an idle service did 0.50 of one under the bound, 0.88 at 500 us without it).
+pub fn lower_queue_ns(defer: bool, all_set: bool, shared: bool, higher_working: bool) -> Option<u64> {
+    (defer && (!all_set || (shared && higher_working))).then_some(LOWER_QUEUE_NS)
 }
 /// A lower-priority container's channel groups run this timeslice (libcuda's own: 1-2 ms), so
 /// the GPU switches to a higher-priority request within about this much of a kernel already
 /// running (`rm`). H100, a service beside a training of 20 ms kernels: p99 3.16x alone at
 /// libcuda's 2048 us, 1.26x at 200 us, 1.20x at 50 us; the training's rate unchanged.
 pub const LOWER_TIMESLICE_US: u64 = 50;
+/// A lower-priority process's channel groups run this timeslice while a higher-priority
+/// container is on the GPU but the short one is not allowed (another process without higher
+/// priority has work there: two contexts at `LOWER_TIMESLICE_US` switch between each other so
+/// often that an H200 ran two GPT-2 trainings at almost nothing; at 250 us the pair did 0.65 of
+/// one alone, at 500 us 0.88). Shorter than libcuda's (1024 us on an H200), so the first request
+/// of a higher-priority container that was idle waits at most about this long behind each such
+/// context (`lower_queue_ns`).
+pub const SHARED_TIMESLICE_US: u64 = 500;
 /// Held launches look again this often.
 pub const HOLD_POLL_NS: u64 = 100_000;
 /// Another container launched this recently (or reports utilization): it has work, no soft cap.
@@ -287,6 +299,16 @@ pub fn shorten_everywhere(gpus: &[GpuView]) -> bool {
     gpus.iter().any(|g| g.higher) && gpus.iter().all(|g| !g.active || g.may == Some(true))
 }
 
+/// The timeslice our channel groups should run (`None`: libcuda's own): none of ours to change
+/// while no higher-priority container is on a GPU of ours; `LOWER_TIMESLICE_US` where
+/// `shorten_everywhere` allows it; else `SHARED_TIMESLICE_US`.
+pub fn group_timeslice_us(gpus: &[GpuView]) -> Option<u64> {
+    if !gpus.iter().any(|g| g.higher) {
+        return None;
+    }
+    Some(if shorten_everywhere(gpus) { LOWER_TIMESLICE_US } else { SHARED_TIMESLICE_US })
+}
+
 /// This process's latest launch on one GPU for its entry: `gated_ns`, its latest gated launch
 /// there (the launch path knows the GPU), or `now` when it made ungated launches since the last
 /// tick (`launched`) and those can only have been on this GPU (`single_gpu`) or the process has
@@ -313,6 +335,9 @@ pub struct Peers {
     pub higher: bool,
     /// ... and it has work queued or running now.
     pub higher_busy: bool,
+    /// ... and it has work by any sign (`has_work`: declared, a launch within `RECENT_NS`, or
+    /// utilization): a service between requests still counts.
+    pub higher_working: bool,
     /// A live container of lower priority is on the GPU: declare our work so it can hold.
     pub lower: bool,
     /// Some other live container has work (busy, launched within `RECENT_NS`, or utilization
@@ -349,6 +374,7 @@ pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
         if prio < mine {
             p.higher = true;
             p.higher_busy |= busy(e, now);
+            p.higher_working |= has_work(e, now);
         } else if prio > mine {
             p.lower = true;
         }

@@ -105,12 +105,16 @@ fn peers_sees_higher_and_lower_busy_and_idle() {
     let me = 30;
     let slots = [Slot::Used(hi), Slot::Used(lo), Slot::Free, Slot::Corrupt, Slot::Used(entry(me, 1))];
     let p = peers(&slots, me, 1, now);
-    assert!(p.higher && p.higher_busy && p.lower && p.others_busy);
+    assert!(p.higher && p.higher_busy && p.higher_working && p.lower && p.others_busy);
     assert_eq!((p.others, p.corrupt), (2, 1));
     // The high one goes idle: no hold; still "higher" (keep gating, ready for its next request).
     let idle = Entry { active_until_ns: now, ..hi };
     let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
-    assert!(p.higher && !p.higher_busy && !p.others_busy);
+    assert!(p.higher && !p.higher_busy && !p.higher_working && !p.others_busy);
+    // Between requests (nothing declared, a launch 10 ms ago) it still works.
+    let between = Entry { last_launch_ns: now - 10 * MS, ..idle };
+    let p = peers(&[Slot::Used(between)], me, 1, now);
+    assert!(p.higher && !p.higher_busy && p.higher_working);
     // Our own container's other processes are not peers, whatever they say.
     let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(me, 0) })], me, 1, now);
     assert_eq!(p, Peers::default());
@@ -298,14 +302,21 @@ fn capped_containers_of_one_priority_take_turns_by_cap() {
 
 #[test]
 fn a_lower_priority_queue_is_bounded_unless_the_gpu_switches_away_from_all_of_it() {
-    assert_eq!(lower_queue_ns(false, false), None, "no higher priority: nothing to bound");
-    assert_eq!(lower_queue_ns(false, true), None);
+    for (all_set, shared, working) in [(false, false, false), (true, true, true), (true, false, true)] {
+        assert_eq!(lower_queue_ns(false, all_set, shared, working), None, "no higher priority: nothing to bound");
+    }
     // Some group at libcuda's 1-2 ms: a higher-priority request waits behind what is queued.
-    assert_eq!(lower_queue_ns(true, false), Some(LOWER_QUEUE_NS));
+    assert_eq!(lower_queue_ns(true, false, false, false), Some(LOWER_QUEUE_NS));
+    assert_eq!(lower_queue_ns(true, false, true, true), Some(LOWER_QUEUE_NS));
     const { assert!(LOWER_QUEUE_NS <= 250_000) };
     // Every group short: the GPU switches within the timeslice, whatever is queued.
-    assert_eq!(lower_queue_ns(true, true), None);
+    assert_eq!(lower_queue_ns(true, true, false, true), None);
+    assert_eq!(lower_queue_ns(true, true, false, false), None);
     const { assert!(LOWER_TIMESLICE_US * 1000 < LOWER_QUEUE_NS) };
+    // Every group at the shared timeslice: bounded while the higher priority has work, free
+    // while it is idle (its first request waits about one shared timeslice per such context).
+    assert_eq!(lower_queue_ns(true, true, true, true), Some(LOWER_QUEUE_NS));
+    assert_eq!(lower_queue_ns(true, true, true, false), None);
 }
 
 #[test]
@@ -402,6 +413,19 @@ fn groups_shorten_only_where_every_gpu_the_process_works_on_allows_it() {
     assert!(shorten_everywhere(&[g(true, true, Some(true)), g(false, true, Some(true))]));
     // A GPU we do not work on (another data-parallel rank's) has no say.
     assert!(shorten_everywhere(&[g(true, true, Some(true)), g(true, false, Some(false)), g(false, false, None)]));
+}
+
+#[test]
+fn a_lower_priority_process_that_may_not_run_the_short_timeslice_runs_the_shared_one() {
+    let g = |higher, active, may| GpuView { higher, active, may };
+    assert_eq!(group_timeslice_us(&[]), None);
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))]), None, "no higher priority: libcuda's");
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))]), Some(LOWER_TIMESLICE_US));
+    // Another process without higher priority works there (or nobody could tell): not the short
+    // timeslice, which two such processes would both run, but one between it and libcuda's.
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(false))]), Some(SHARED_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true)), g(false, true, None)]), Some(SHARED_TIMESLICE_US));
+    const { assert!(LOWER_TIMESLICE_US < SHARED_TIMESLICE_US && SHARED_TIMESLICE_US < 1024) };
 }
 
 #[test]
