@@ -373,6 +373,15 @@ mod tests {
         // A higher-priority container on GPU 1: our launches hold there, not on GPU 0.
         DEFER[1].store(true, Relaxed);
         assert!(gating() && defer(1) && !defer(0) && queue_bound(0).is_none());
+        // No channel group of ours runs a timeslice we set (none here): bounded there, whether
+        // the higher priority works or not and whichever timeslice the monitor chose.
+        for (shared, working) in [(false, false), (true, false), (true, true)] {
+            SHARED.store(shared, Relaxed);
+            HIGHER_WORKING[1].store(working, Relaxed);
+            assert_eq!(queue_bound(1), Some(node::LOWER_QUEUE_NS));
+        }
+        SHARED.store(false, Relaxed);
+        HIGHER_WORKING[1].store(false, Relaxed);
         // Only a lower-priority container: our work is declared to it.
         DEFER[1].store(false, Relaxed);
         ANNOUNCE[0].store(true, Relaxed);
