@@ -112,7 +112,10 @@ pub(crate) fn hold_now(rt: &Runtime, dev: usize, now: u64) -> bool {
     }
     let Ok(slots) = n.file.read() else { return false }; // the monitor reports and detaches
     let container = n.container;
-    let hold = node::peers(&slots, container, rt.config.priority, now).higher_busy;
+    let p = node::peers(&slots, container, rt.config.priority, now);
+    // A request that arrives between ticks bounds our queue from the next launch on.
+    HIGHER_WORKING[dev].store(p.higher_working, Relaxed);
+    let hold = p.higher_busy;
     if !hold {
         n.clear_at_ns.store(now, Relaxed);
     }
@@ -273,10 +276,17 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         })
         .collect();
     let want = node::group_timeslice_us(&views);
-    // Before the groups change: a tick leaving the short timeslice bounds the queue at once
-    // (`tsg::short` still reads true until `apply` has set every group).
-    SHARED.store(want == Some(node::SHARED_TIMESLICE_US), Relaxed);
+    // The shared timeslice (bounded while the higher priority works) is declared before the
+    // groups move to it and left after they moved away (`apply` reads them as not set while
+    // they move): the queue is never unbounded at 500 us beside a working higher priority.
+    let shared = want == Some(node::SHARED_TIMESLICE_US);
+    if shared {
+        SHARED.store(true, Relaxed);
+    }
     crate::tsg::apply(want);
+    if !shared {
+        SHARED.store(false, Relaxed);
+    }
 }
 
 /// One GPU's node file as a tick read it (per GPU of ours, with our latest launch there).

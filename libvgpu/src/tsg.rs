@@ -261,12 +261,17 @@ fn group_control(g: &rm::Group, cmd: u32, us: u64) -> Result<u64, Failed> {
 
 /// Monitor tick: bring every group to `want` (`Some(us)`: that timeslice, a higher-priority
 /// container is on the GPU; `None`: the one libcuda gave it). Nothing happens while that holds.
+/// A new `want` reads as not short until every group runs it.
 pub(crate) fn apply(want: Option<u64>) {
     let Some(r) = tracking() else {
         SHORT.store(false, Relaxed);
         return;
     };
     let mut g = lock(r);
+    if g.want != want {
+        // Not the timeslice the launch path thinks we run until every group is set to it.
+        SHORT.store(false, Relaxed);
+    }
     g.want = want;
     let steps = g.plan(want);
     // `unread`: a held group could not be read this tick (not gone): not known to be short.

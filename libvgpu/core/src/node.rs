@@ -75,8 +75,8 @@ pub const LOWER_QUEUE_NS: u64 = 250_000;
 /// whatever we have queued, and a bound only cost us (an H200 GPT-2 training beside a
 /// higher-priority container that sent no work kept 0.89 of its rate under a 2 ms bound, 1.00
 /// without). At `SHARED_TIMESLICE_US` a request waits up to that long behind each such context
-/// with work queued: bounded while the other works, unbounded while it is idle (two trainings
-/// beside an idle service did 0.50 of one under the bound, 0.88 at 500 us without it).
+/// with work queued: bounded while the other works (`engaged`), unbounded while it is idle (two
+/// trainings beside an idle service did 0.50 of one under the bound, 0.88 at 500 us without it).
 pub fn lower_queue_ns(defer: bool, all_set: bool, shared: bool, higher_working: bool) -> Option<u64> {
     (defer && (!all_set || (shared && higher_working))).then_some(LOWER_QUEUE_NS)
 }
@@ -89,9 +89,10 @@ pub const LOWER_TIMESLICE_US: u64 = 50;
 /// container is on the GPU but the short one is not allowed (another process without higher
 /// priority has work there: two contexts at `LOWER_TIMESLICE_US` switch between each other so
 /// often that an H200 ran two GPT-2 trainings at almost nothing; at 250 us the pair did 0.65 of
-/// one alone, at 500 us 0.88). Shorter than libcuda's (1024 us on an H200), so the first request
-/// of a higher-priority container that was idle waits at most about this long behind each such
-/// context (`lower_queue_ns`).
+/// one alone, at 500 us 0.88). Shorter than libcuda's (1024 us on an H200): the first request of
+/// a higher-priority container after a pause (`ENGAGED_NS`), when these queues are not bounded
+/// (`lower_queue_ns`), gets the GPU within about this long per such context, and again after
+/// each of its own timeslices until their queues drain.
 pub const SHARED_TIMESLICE_US: u64 = 500;
 /// Held launches look again this often.
 pub const HOLD_POLL_NS: u64 = 100_000;
@@ -256,6 +257,17 @@ fn has_work(e: &Entry, now: u64) -> bool {
     busy(e, now) || recent || e.util_centi >= 500
 }
 
+/// A higher-priority container counts as working this long after its latest launch: a service
+/// answering a request at least this often keeps lower-priority queues bounded (`lower_queue_ns`)
+/// between its requests; only a first request after a longer pause meets them unbounded.
+pub const ENGAGED_NS: u64 = 5_000_000_000;
+
+/// It works or worked lately: declared, a launch within `ENGAGED_NS`, or utilization.
+fn engaged(e: &Entry, now: u64) -> bool {
+    let recent = e.last_launch_ns != 0 && e.last_launch_ns <= now && now - e.last_launch_ns <= ENGAGED_NS;
+    has_work(e, now) || recent
+}
+
 /// May the process owning entry `mine` (priority `my_priority`) give its channel groups
 /// `LOWER_TIMESLICE_US`? Only while every other process with work on the GPU (of any container,
 /// its own included: each has its own context) has a higher priority. Two contexts that both run
@@ -299,14 +311,18 @@ pub fn shorten_everywhere(gpus: &[GpuView]) -> bool {
     gpus.iter().any(|g| g.higher) && gpus.iter().all(|g| !g.active || g.may == Some(true))
 }
 
-/// The timeslice our channel groups should run (`None`: libcuda's own): none of ours to change
-/// while no higher-priority container is on a GPU of ours; `LOWER_TIMESLICE_US` where
-/// `shorten_everywhere` allows it; else `SHARED_TIMESLICE_US`.
+/// The timeslice our channel groups should run (`None`: libcuda's own): `LOWER_TIMESLICE_US`
+/// where `shorten_everywhere` allows it; else `SHARED_TIMESLICE_US` while a higher-priority
+/// container is on a GPU we work on; else libcuda's (a data-parallel rank beside an
+/// equal-priority peer on its own GPU, the service on another GPU it does not use).
 pub fn group_timeslice_us(gpus: &[GpuView]) -> Option<u64> {
-    if !gpus.iter().any(|g| g.higher) {
-        return None;
+    if shorten_everywhere(gpus) {
+        Some(LOWER_TIMESLICE_US)
+    } else if gpus.iter().any(|g| g.higher && g.active) {
+        Some(SHARED_TIMESLICE_US)
+    } else {
+        None
     }
-    Some(if shorten_everywhere(gpus) { LOWER_TIMESLICE_US } else { SHARED_TIMESLICE_US })
 }
 
 /// This process's latest launch on one GPU for its entry: `gated_ns`, its latest gated launch
@@ -335,8 +351,7 @@ pub struct Peers {
     pub higher: bool,
     /// ... and it has work queued or running now.
     pub higher_busy: bool,
-    /// ... and it has work by any sign (`has_work`: declared, a launch within `RECENT_NS`, or
-    /// utilization): a service between requests still counts.
+    /// ... and it worked lately (`engaged`): a service between requests still counts.
     pub higher_working: bool,
     /// A live container of lower priority is on the GPU: declare our work so it can hold.
     pub lower: bool,
@@ -374,7 +389,7 @@ pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
         if prio < mine {
             p.higher = true;
             p.higher_busy |= busy(e, now);
-            p.higher_working |= has_work(e, now);
+            p.higher_working |= engaged(e, now);
         } else if prio > mine {
             p.lower = true;
         }

@@ -194,14 +194,17 @@ impl Groups {
     }
 
     /// Group `i` was read to run `current` us while we want `us`: does it need setting? A value
-    /// other than ours is libcuda's (set before we held it, or since, unseen): the one to restore.
+    /// that is neither the one wanted nor the last one we set (we set two: short and shared) is
+    /// libcuda's (set before we held it, or since, unseen): the one to restore.
     pub fn read(&mut self, i: usize, current: u64, us: u64) -> bool {
         let g = &mut self.list[i];
         if current == us {
             g.set_us = Some(us);
             return false;
         }
-        g.original_us = Some(current);
+        if g.set_us != Some(current) {
+            g.original_us = Some(current);
+        }
         g.set_us = None;
         true
     }
@@ -242,6 +245,26 @@ impl Groups {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moving_between_two_timeslices_of_ours_keeps_libcudas_to_restore() {
+        let mut g = Groups::default();
+        g.allocated(5, (1, 2), 0xc1d0_001a, 0x5c00_0001, 0x5c00_0015);
+        // Short: the driver says 2048 (libcuda's); set 50.
+        assert!(g.read(0, 2048, 50));
+        g.list[0].set_us = Some(50);
+        // Shared: the driver says 50, which is ours; set 500.
+        assert!(g.read(0, 50, 500));
+        g.list[0].set_us = Some(500);
+        // And back to short, then restored: libcuda's 2048, not a value of ours.
+        assert!(g.read(0, 500, 50));
+        g.list[0].set_us = Some(50);
+        assert_eq!(g.plan(None), vec![(0, Step::Restore { us: 2048 })]);
+        // A value that is not the last we set is libcuda's, set unseen.
+        assert!(g.read(0, 1024, 500));
+        g.list[0].set_us = Some(500);
+        assert_eq!(g.plan(None), vec![(0, Step::Restore { us: 1024 })]);
+    }
 
     #[test]
     fn request_numbers_decode_as_the_driver_builds_them() {

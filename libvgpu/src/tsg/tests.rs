@@ -152,6 +152,26 @@ fn channel_groups_against_a_fake_driver() {
     apply(None);
     assert_eq!((actual(1, 10), short()), (Some(2048), false));
 
+    // Between our two timeslices (short, shared) and back: libcuda's is the one restored, and
+    // while a change is under way the launch path does not read the groups as set.
+    apply(Some(50));
+    apply(Some(500));
+    assert_eq!((actual(1, 10), short()), (Some(500), true));
+    PARK_ON.store(50, SeqCst);
+    let t = std::thread::spawn(|| apply(Some(50)));
+    while !PARKED.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    assert!(!short(), "a group still at 500 us read as set while the monitor moves it to 50");
+    RELEASE.store(true, SeqCst);
+    t.join().unwrap();
+    PARK_ON.store(u64::MAX, SeqCst);
+    PARKED.store(false, SeqCst);
+    RELEASE.store(false, SeqCst);
+    assert_eq!((actual(1, 10), short()), (Some(50), true));
+    apply(None);
+    assert_eq!((actual(1, 10), short()), (Some(2048), false), "restored to a timeslice of ours");
+
     // libcuda changes the timeslice while the group is not held: a later restore writes that.
     libcuda_sets(fd, 1, 10, 1024);
     apply(Some(50));

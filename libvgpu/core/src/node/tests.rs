@@ -111,10 +111,15 @@ fn peers_sees_higher_and_lower_busy_and_idle() {
     let idle = Entry { active_until_ns: now, ..hi };
     let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
     assert!(p.higher && !p.higher_busy && !p.higher_working && !p.others_busy);
-    // Between requests (nothing declared, a launch 10 ms ago) it still works.
-    let between = Entry { last_launch_ns: now - 10 * MS, ..idle };
-    let p = peers(&[Slot::Used(between)], me, 1, now);
-    assert!(p.higher && !p.higher_busy && p.higher_working);
+    // Between requests (nothing declared, a launch 10 ms or 4 s ago) it still works; a minute
+    // later not.
+    for ago in [10 * MS, 4_000 * MS] {
+        let between = Entry { last_launch_ns: now - ago, ..idle };
+        let p = peers(&[Slot::Used(between)], me, 1, now);
+        assert!(p.higher && !p.higher_busy && p.higher_working && (ago > RECENT_NS || p.others_busy));
+    }
+    let long_ago = Entry { last_launch_ns: now - 60_000 * MS, ..idle };
+    assert!(!peers(&[Slot::Used(long_ago)], me, 1, now).higher_working);
     // Our own container's other processes are not peers, whatever they say.
     let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(me, 0) })], me, 1, now);
     assert_eq!(p, Peers::default());
@@ -420,11 +425,15 @@ fn a_lower_priority_process_that_may_not_run_the_short_timeslice_runs_the_shared
     let g = |higher, active, may| GpuView { higher, active, may };
     assert_eq!(group_timeslice_us(&[]), None);
     assert_eq!(group_timeslice_us(&[g(false, true, Some(true))]), None, "no higher priority: libcuda's");
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(false))]), None);
     assert_eq!(group_timeslice_us(&[g(true, true, Some(true))]), Some(LOWER_TIMESLICE_US));
     // Another process without higher priority works there (or nobody could tell): not the short
     // timeslice, which two such processes would both run, but one between it and libcuda's.
     assert_eq!(group_timeslice_us(&[g(true, true, Some(false))]), Some(SHARED_TIMESLICE_US));
     assert_eq!(group_timeslice_us(&[g(true, true, Some(true)), g(false, true, None)]), Some(SHARED_TIMESLICE_US));
+    // The higher priority is only on a GPU we do not work on, and our GPU carries an
+    // equal-priority peer: libcuda's, as that peer runs.
+    assert_eq!(group_timeslice_us(&[g(true, false, Some(true)), g(false, true, Some(false))]), None);
     const { assert!(LOWER_TIMESLICE_US < SHARED_TIMESLICE_US && SHARED_TIMESLICE_US < 1024) };
 }
 
