@@ -312,17 +312,38 @@ pub fn shorten_everywhere(gpus: &[GpuView]) -> bool {
 }
 
 /// The timeslice our channel groups should run (`None`: libcuda's own): `LOWER_TIMESLICE_US`
-/// where `shorten_everywhere` allows it; else `SHARED_TIMESLICE_US` while a higher-priority
-/// container is on a GPU we work on; else libcuda's (a data-parallel rank beside an
-/// equal-priority peer on its own GPU, the service on another GPU it does not use).
-pub fn group_timeslice_us(gpus: &[GpuView]) -> Option<u64> {
-    if shorten_everywhere(gpus) {
+/// where `shorten_everywhere` allows it, unless we work beside the higher priority and our work
+/// stalled there lately (`demoted`: `stalled`); else `SHARED_TIMESLICE_US` while a
+/// higher-priority container is on a GPU we work on; else libcuda's (a data-parallel rank
+/// beside an equal-priority peer on its own GPU, the service on another GPU it does not use).
+pub fn group_timeslice_us(gpus: &[GpuView], demoted: bool) -> Option<u64> {
+    let beside_higher = gpus.iter().any(|g| g.higher && g.active);
+    if shorten_everywhere(gpus) && !(demoted && beside_higher) {
         Some(LOWER_TIMESLICE_US)
-    } else if gpus.iter().any(|g| g.higher && g.active) {
+    } else if beside_higher {
         Some(SHARED_TIMESLICE_US)
     } else {
         None
     }
+}
+
+/// Our work in flight at the short timeslice counts as stalled once its oldest part is this
+/// old, and `STALL_FACTOR` times all we estimate queued: another context on the GPU that runs a
+/// short timeslice too (a tenant that set its own groups so and claims a higher priority) and
+/// ours switch between each other so often that neither gets anywhere (two GPT-2 trainings at
+/// 50 us on an H200: no step in minutes).
+pub const STALL_MIN_NS: u64 = 500_000_000;
+/// Slower than this many times our estimate is a stall, not a higher priority's work in
+/// between: beside a saturating higher-priority context at libcuda's 1024 us, ours at 50 us
+/// still runs about 1/20 of the time.
+pub const STALL_FACTOR: u64 = 50;
+/// After a stall, our groups run `SHARED_TIMESLICE_US` this long before trying the short one again.
+pub const STALL_COOLDOWN_NS: u64 = 10_000_000_000;
+
+/// Has our work stalled? `age_ns`: how long the oldest of it has been in flight;
+/// `queued_est_ns`: what we estimate all of it takes.
+pub fn stalled(age_ns: u64, queued_est_ns: u64) -> bool {
+    age_ns > STALL_MIN_NS.max(queued_est_ns.saturating_mul(STALL_FACTOR))
 }
 
 /// This process's latest launch on one GPU for its entry: `gated_ns`, its latest gated launch

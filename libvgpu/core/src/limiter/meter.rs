@@ -385,6 +385,12 @@ impl<E: Copy> Meter<E> {
         self.streams.iter().filter(|s| s.pending_launches + s.unevented as u64 > 0).map(|s| s.est_ns / 1000).collect()
     }
 
+    /// When the oldest work still in flight with an event to tell its end was submitted (the
+    /// earliest it could start): how long our queue has gone without finishing it.
+    pub fn oldest_pending_ns(&self) -> Option<u64> {
+        self.streams.iter().filter_map(|s| s.pending.front()).map(|p| p.submit_ns).min()
+    }
+
     /// Estimated GPU time of everything we have queued.
     pub fn queued_est_ns(&self) -> u64 {
         self.streams.iter().map(|s| (s.pending_launches + s.unevented as u64).saturating_mul(s.est_ns)).sum()
@@ -836,6 +842,26 @@ mod tests {
         assert_eq!(meter.pending_launches(), 0);
         assert_eq!(meter.charged_total_ns, 2 * MS, "the second launch: from its submit to its end");
         assert_eq!(evs.released, vec![10, 11]);
+    }
+
+    #[test]
+    fn the_oldest_work_in_flight_is_the_first_pending_of_any_stream() {
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        assert_eq!(meter.oldest_pending_ns(), None);
+        meter.launched(1, None, None, T0, &mut evs); // no event yet: its end cannot be told
+        assert_eq!(meter.oldest_pending_ns(), None);
+        meter.launched(1, None, Some(10), T0 + MS, &mut evs);
+        meter.launched(2, None, Some(11), T0 + 2 * MS, &mut evs);
+        meter.launched(1, None, Some(12), T0 + 3 * MS, &mut evs);
+        assert_eq!(meter.oldest_pending_ns(), Some(T0), "the event covers the launch before it");
+        evs.states.insert(10, EventState::Done(T0 + 4 * MS));
+        meter.poll(&mut evs, &b, T0 + 5 * MS);
+        assert_eq!(meter.oldest_pending_ns(), Some(T0 + 2 * MS), "stream 2's, then stream 1's next");
+        evs.states.insert(11, EventState::Done(T0 + 6 * MS));
+        evs.states.insert(12, EventState::Done(T0 + 7 * MS));
+        meter.poll(&mut evs, &b, T0 + 8 * MS);
+        assert_eq!(meter.oldest_pending_ns(), None);
     }
 
     #[test]

@@ -423,18 +423,35 @@ fn groups_shorten_only_where_every_gpu_the_process_works_on_allows_it() {
 #[test]
 fn a_lower_priority_process_that_may_not_run_the_short_timeslice_runs_the_shared_one() {
     let g = |higher, active, may| GpuView { higher, active, may };
-    assert_eq!(group_timeslice_us(&[]), None);
-    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))]), None, "no higher priority: libcuda's");
-    assert_eq!(group_timeslice_us(&[g(false, true, Some(false))]), None);
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))]), Some(LOWER_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[], false), None);
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))], false), None, "no higher priority: libcuda's");
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(false))], false), None);
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))], false), Some(LOWER_TIMESLICE_US));
     // Another process without higher priority works there (or nobody could tell): not the short
     // timeslice, which two such processes would both run, but one between it and libcuda's.
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(false))]), Some(SHARED_TIMESLICE_US));
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(true)), g(false, true, None)]), Some(SHARED_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(false))], false), Some(SHARED_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true)), g(false, true, None)], false), Some(SHARED_TIMESLICE_US));
     // The higher priority is only on a GPU we do not work on, and our GPU carries an
     // equal-priority peer: libcuda's, as that peer runs.
-    assert_eq!(group_timeslice_us(&[g(true, false, Some(true)), g(false, true, Some(false))]), None);
+    assert_eq!(group_timeslice_us(&[g(true, false, Some(true)), g(false, true, Some(false))], false), None);
     const { assert!(LOWER_TIMESLICE_US < SHARED_TIMESLICE_US && SHARED_TIMESLICE_US < 1024) };
+    // Our work stalled at the short timeslice lately: the shared one where we work beside the
+    // higher priority; an idle process (nothing to switch to) may stay short.
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))], true), Some(SHARED_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(true, false, Some(true))], true), Some(LOWER_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))], true), None);
+}
+
+#[test]
+fn work_that_goes_nowhere_at_the_short_timeslice_is_a_stall() {
+    // Queued work finishing late because a higher priority ran in between is not a stall: up
+    // to STALL_FACTOR times what we estimate, and never before STALL_MIN_NS.
+    assert!(!stalled(400 * MS, 0));
+    assert!(!stalled(STALL_MIN_NS, MS));
+    assert!(stalled(STALL_MIN_NS + 1, MS));
+    assert!(!stalled(2_000 * MS, 50 * MS), "50 ms queued beside a saturating service: 20x is not a stall");
+    assert!(stalled(2_600 * MS, 50 * MS));
+    assert!(!stalled(u64::MAX, u64::MAX));
 }
 
 #[test]
