@@ -116,8 +116,11 @@ pub(crate) fn hold_now(rt: &Runtime, dev: usize, now: u64) -> bool {
     let Ok(slots) = n.file.read() else { return false }; // the monitor reports and detaches
     let container = n.container;
     let p = node::peers(&slots, container, rt.config.priority, now);
-    // A request that arrives between ticks bounds our queue from the next launch on.
-    HIGHER_WORKING[dev].store(p.higher_working, Relaxed);
+    // A request that arrives between ticks bounds our queue from the next launch on (only
+    // raised here: a read older than the monitor's must not clear it; the tick clears it).
+    if p.higher_working {
+        HIGHER_WORKING[dev].store(true, Relaxed);
+    }
     let hold = p.higher_busy;
     if !hold {
         n.clear_at_ns.store(now, Relaxed);

@@ -257,15 +257,18 @@ fn has_work(e: &Entry, now: u64) -> bool {
     busy(e, now) || recent || e.util_centi >= 500
 }
 
-/// A higher-priority container counts as working this long after its latest launch: a service
-/// answering a request at least this often keeps lower-priority queues bounded (`lower_queue_ns`)
-/// between its requests; only a first request after a longer pause meets them unbounded.
+/// A higher-priority container counts as working this long after its latest launch or declared
+/// work: a service answering a request at least this often keeps lower-priority queues bounded
+/// (`lower_queue_ns`) between its requests. After a longer pause, its first request meets them
+/// unbounded (its launch path declares that work at once, so the next ones of the burst do not).
 pub const ENGAGED_NS: u64 = 5_000_000_000;
 
-/// It works or worked lately: declared, a launch within `ENGAGED_NS`, or utilization.
+/// It works or worked lately: declared work now or that ended within `ENGAGED_NS` (the launch
+/// path writes it at each request; the latest launch only reaches the entry at the owner's next
+/// monitor tick), a launch within `ENGAGED_NS`, or utilization.
 fn engaged(e: &Entry, now: u64) -> bool {
-    let recent = e.last_launch_ns != 0 && e.last_launch_ns <= now && now - e.last_launch_ns <= ENGAGED_NS;
-    has_work(e, now) || recent
+    let within = |t: u64| t != 0 && t <= now && now - t <= ENGAGED_NS;
+    has_work(e, now) || within(e.last_launch_ns) || within(e.active_until_ns)
 }
 
 /// May the process owning entry `mine` (priority `my_priority`) give its channel groups

@@ -199,6 +199,8 @@ impl Groups {
     pub fn read(&mut self, i: usize, current: u64, us: u64) -> bool {
         let g = &mut self.list[i];
         if current == us {
+            // Already so when first read: libcuda's (or the program's) own value, to restore.
+            g.original_us.get_or_insert(current);
             g.set_us = Some(us);
             return false;
         }
@@ -264,6 +266,20 @@ mod tests {
         assert!(g.read(0, 1024, 500));
         g.list[0].set_us = Some(500);
         assert_eq!(g.plan(None), vec![(0, Step::Restore { us: 1024 })]);
+    }
+
+    #[test]
+    fn libcudas_value_equal_to_one_of_ours_is_still_restored() {
+        // libcuda (or the program, on its own groups) gave the group 50 us before we held it.
+        let mut g = Groups::default();
+        g.allocated(5, (1, 2), 0xc1d0_001a, 0x5c00_0001, 0x5c00_0015);
+        assert!(!g.read(0, 50, 50), "already at the short value: nothing to set");
+        // Another lower process starts working: we move to the shared 500 us.
+        assert!(g.read(0, 50, 500));
+        g.list[0].set_us = Some(500);
+        g.list[0].touched = true;
+        // The higher priority leaves: its 50 comes back, not our 500.
+        assert_eq!(g.plan(None), vec![(0, Step::Restore { us: 50 })]);
     }
 
     #[test]

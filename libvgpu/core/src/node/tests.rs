@@ -110,6 +110,9 @@ fn peers_sees_higher_and_lower_busy_and_idle() {
     // The high one goes idle: no hold; still "higher" (keep gating, ready for its next request).
     let idle = Entry { active_until_ns: now, ..hi };
     let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
+    assert!(p.higher && !p.higher_busy && p.higher_working && !p.others_busy, "its work just ended: it works lately");
+    let idle = Entry { active_until_ns: 0, ..hi };
+    let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
     assert!(p.higher && !p.higher_busy && !p.higher_working && !p.others_busy);
     // Between requests (nothing declared, a launch 10 ms or 4 s ago) it still works; a minute
     // later not.
@@ -120,6 +123,12 @@ fn peers_sees_higher_and_lower_busy_and_idle() {
     }
     let long_ago = Entry { last_launch_ns: now - 60_000 * MS, ..idle };
     assert!(!peers(&[Slot::Used(long_ago)], me, 1, now).higher_working);
+    // After a pause, a request's declared work ended 5 ms ago, before its owner's monitor
+    // published the launch: still working (the next request of the burst meets a bound).
+    let after_pause = Entry { last_launch_ns: now - 10_000 * MS, active_until_ns: now - 5 * MS, ..idle };
+    assert!(peers(&[Slot::Used(after_pause)], me, 1, now).higher_working);
+    let ended_long_ago = Entry { active_until_ns: now - ENGAGED_NS - 1, ..long_ago };
+    assert!(!peers(&[Slot::Used(ended_long_ago)], me, 1, now).higher_working);
     // Our own container's other processes are not peers, whatever they say.
     let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(me, 0) })], me, 1, now);
     assert_eq!(p, Peers::default());
