@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
+use vgpu_core::limiter::meter::Progress;
 use vgpu_core::node::{self, Entry, NodeError, NodeFile, Peers};
 use vgpu_core::MAX_DEVICES;
 
@@ -188,6 +189,9 @@ fn attach(rt: &Runtime, ps: &ProcState) {
     }
     let dir = node::dir_from(std::env::var(node::DIR_ENV).ok().as_deref());
     let container = container_id(ps);
+    // A forked child judges its own work.
+    STALLED_AT.store(0, Relaxed);
+    STALL_WARNED.store(false, Relaxed);
     let now = vgpu_core::clock::now_ns();
     for dev in 0..MAX_DEVICES {
         NODES[dev].store(std::ptr::null_mut(), Release);
@@ -312,30 +316,28 @@ fn may_shorten_on(priority: i32, n: &DevNode, slots: &[node::Slot], now: u64) ->
     intact && node::may_shorten(slots, n.idx, priority, now, |i| n.file.owned_elsewhere(i))
 }
 
-/// Monitor, each publish tick, per GPU with a gate: the oldest of our work in flight there was
-/// submitted at `oldest_ns`, and we estimate `queued_est_ns` of it. Work that goes nowhere while
-/// our groups run the short timeslice puts them on the shared one for a while (`node::stalled`):
-/// another context there runs a short timeslice too, which the node file cannot show (a tenant
-/// may set its own groups so and claim a higher priority).
-pub(crate) fn progress(now: u64, oldest_ns: Option<u64>, queued_est_ns: u64) {
-    note_progress(crate::tsg::short() && !SHARED.load(Relaxed), now, oldest_ns, queued_est_ns);
+/// Monitor, each publish tick, per GPU with a gate: what our work there did (`Meter::progress`).
+/// Work that goes nowhere while our groups run the short timeslice puts them on the shared one
+/// for a while (`node::stalled`): another context there runs a short timeslice too, which the
+/// node file cannot show (a tenant may set its own groups so and claim a higher priority).
+pub(crate) fn progress(now: u64, p: Progress) {
+    note_progress(crate::tsg::short() && !SHARED.load(Relaxed), now, p);
 }
 
-fn note_progress(short_now: bool, now: u64, oldest_ns: Option<u64>, queued_est_ns: u64) {
-    let Some(oldest) = oldest_ns.filter(|_| short_now) else { return };
-    if !node::stalled(now.saturating_sub(oldest), queued_est_ns) {
+fn note_progress(short_now: bool, now: u64, p: Progress) {
+    if !short_now || !node::stalled(p.oldest_age_ns, p.span_ns, p.done_ns) {
         return;
     }
     STALLED_AT.store(now.max(1), Relaxed);
-    let (age_ms, cool_s) = (now.saturating_sub(oldest) / 1_000_000, node::STALL_COOLDOWN_NS / 1_000_000_000);
+    let (span_ms, done_ms, cool_s) = (p.span_ns / 1_000_000, p.done_ns / 1_000_000, node::STALL_COOLDOWN_NS / 1_000_000_000);
     if !STALL_WARNED.swap(true, Relaxed) {
         vgpu_core::warn!(
-            "our GPU work made no progress for {age_ms} ms at the {} us timeslice (another context on this GPU runs a short timeslice too); {} us for {cool_s} s",
+            "our GPU work got {done_ms} ms done in {span_ms} ms at the {} us timeslice (another context on this GPU runs a short timeslice too, or our kernels wait on purpose); {} us for {cool_s} s",
             node::LOWER_TIMESLICE_US,
             node::SHARED_TIMESLICE_US
         );
     } else {
-        vgpu_core::debug!("GPU work stalled {age_ms} ms at the short timeslice: the shared one for {cool_s} s");
+        vgpu_core::debug!("GPU work stalled ({done_ms} ms done in {span_ms} ms) at the short timeslice: the shared one for {cool_s} s");
     }
 }
 
@@ -412,16 +414,17 @@ mod tests {
     fn work_stalled_at_the_short_timeslice_demotes_the_groups_for_a_while() {
         let now = vgpu_core::clock::now_ns();
         STALLED_AT.store(0, Relaxed);
-        let old = Some(now - 2 * node::STALL_MIN_NS);
+        let w = node::STALL_WINDOW_NS;
+        let stuck = Progress { oldest_age_ns: Some(2 * w), span_ns: w, done_ns: 0 };
         // Not short (libcuda's or the shared timeslice): slow work is not ours to judge.
-        note_progress(false, now, old, 0);
+        note_progress(false, now, stuck);
         assert!(!demoted(now));
-        // Short, and the oldest work in flight recent enough, or none: no stall.
-        note_progress(true, now, Some(now - node::STALL_MIN_NS / 2), 0);
-        note_progress(true, now, None, 0);
+        // Short, and work got done, or none is in flight: no stall.
+        note_progress(true, now, Progress { done_ns: w / 2, ..stuck });
+        note_progress(true, now, Progress { oldest_age_ns: None, ..stuck });
         assert!(!demoted(now));
-        // Short and nowhere for a second: the shared timeslice until the cooldown ends.
-        note_progress(true, now, old, 1_000);
+        // Short and nowhere for the window: the shared timeslice until the cooldown ends.
+        note_progress(true, now, stuck);
         assert!(demoted(now) && demoted(now + node::STALL_COOLDOWN_NS - 1));
         assert!(!demoted(now + node::STALL_COOLDOWN_NS));
         STALLED_AT.store(0, Relaxed);

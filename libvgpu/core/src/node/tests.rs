@@ -453,14 +453,17 @@ fn a_lower_priority_process_that_may_not_run_the_short_timeslice_runs_the_shared
 
 #[test]
 fn work_that_goes_nowhere_at_the_short_timeslice_is_a_stall() {
-    // Queued work finishing late because a higher priority ran in between is not a stall: up
-    // to STALL_FACTOR times what we estimate, and never before STALL_MIN_NS.
-    assert!(!stalled(400 * MS, 0));
-    assert!(!stalled(STALL_MIN_NS, MS));
-    assert!(stalled(STALL_MIN_NS + 1, MS));
-    assert!(!stalled(2_000 * MS, 50 * MS), "50 ms queued beside a saturating service: 20x is not a stall");
-    assert!(stalled(2_600 * MS, 50 * MS));
-    assert!(!stalled(u64::MAX, u64::MAX));
+    let w = STALL_WINDOW_NS;
+    // Nothing in flight, or in flight for less than the window, or the window not seen yet.
+    assert!(!stalled(None, w, 0));
+    assert!(!stalled(Some(w - 1), w, 0));
+    assert!(!stalled(Some(w), w - 1, 0));
+    // In flight all the window and almost nothing completed: a stall.
+    assert!(stalled(Some(w), w, 0));
+    assert!(stalled(Some(10 * w), w, w / STALL_RATIO - 1));
+    // A share beside a saturating higher priority (1/83 at the least) is not.
+    assert!(!stalled(Some(10 * w), w, w / 83));
+    assert!(!stalled(Some(u64::MAX), u64::MAX, u64::MAX));
 }
 
 #[test]
