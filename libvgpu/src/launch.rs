@@ -568,7 +568,6 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                 if g.meter.pending_launches() > 0 {
                     crate::node::launched_on(dev, now);
                 }
-                crate::node::progress(now, g.meter.progress(now, vgpu_core::node::STALL_WINDOW_NS));
                 match g.meter.queued_est_ns() {
                     0 => crate::node::idle(dev, now),
                     queued => crate::node::declare(dev, now, || queued),

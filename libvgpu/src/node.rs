@@ -11,7 +11,6 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use vgpu_core::limiter::meter::Progress;
 use vgpu_core::node::{self, Entry, NodeError, NodeFile, Peers};
 use vgpu_core::MAX_DEVICES;
 
@@ -41,9 +40,6 @@ static DEFER: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX
 static HIGHER_WORKING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// The monitor set our channel groups to `SHARED_TIMESLICE_US` (not the short one).
 static SHARED: AtomicBool = AtomicBool::new(false);
-/// When our work was last seen stalled at the short timeslice (`node::stalled`; 0 never).
-static STALLED_AT: AtomicU64 = AtomicU64::new(0);
-static STALL_WARNED: AtomicBool = AtomicBool::new(false);
 /// A lower-priority container shares device d: declare our work.
 static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Another container on device d has work (soft cap withheld); meaningful while attached.
@@ -189,9 +185,6 @@ fn attach(rt: &Runtime, ps: &ProcState) {
     }
     let dir = node::dir_from(std::env::var(node::DIR_ENV).ok().as_deref());
     let container = container_id(ps);
-    // A forked child judges its own work.
-    STALLED_AT.store(0, Relaxed);
-    STALL_WARNED.store(false, Relaxed);
     let now = vgpu_core::clock::now_ns();
     for dev in 0..MAX_DEVICES {
         NODES[dev].store(std::ptr::null_mut(), Release);
@@ -285,7 +278,7 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
             may: g.as_ref().filter(|_| higher).map(|g| may_shorten_on(rt.config.priority, g.n, &g.slots, now)),
         })
         .collect();
-    let want = node::group_timeslice_us(&views, demoted(now));
+    let want = node::group_timeslice_us(&views);
     // The shared timeslice (bounded while the higher priority works) is declared before the
     // groups move to it and left after they moved away (`apply` reads them as not set while
     // they move): the queue is never unbounded at 500 us beside a working higher priority.
@@ -314,37 +307,6 @@ fn may_shorten_on(priority: i32, n: &DevNode, slots: &[node::Slot], now: u64) ->
     let ours = *n.entry.lock().unwrap_or_else(|p| p.into_inner());
     let intact = matches!(slots.get(n.idx), Some(node::Slot::Used(e)) if Entry { active_until_ns: e.active_until_ns, ..ours } == *e);
     intact && node::may_shorten(slots, n.idx, priority, now, |i| n.file.owned_elsewhere(i))
-}
-
-/// Monitor, each publish tick, per GPU with a gate: what our work there did (`Meter::progress`).
-/// Work that goes nowhere while our groups run the short timeslice puts them on the shared one
-/// for a while (`node::stalled`): another context there runs a short timeslice too, which the
-/// node file cannot show (a tenant may set its own groups so and claim a higher priority).
-pub(crate) fn progress(now: u64, p: Progress) {
-    note_progress(crate::tsg::short() && !SHARED.load(Relaxed), now, p);
-}
-
-fn note_progress(short_now: bool, now: u64, p: Progress) {
-    if !short_now || !node::stalled(p.oldest_age_ns, p.span_ns, p.done_ns) {
-        return;
-    }
-    STALLED_AT.store(now.max(1), Relaxed);
-    let (span_ms, done_ms, cool_s) = (p.span_ns / 1_000_000, p.done_ns / 1_000_000, node::STALL_COOLDOWN_NS / 1_000_000_000);
-    if !STALL_WARNED.swap(true, Relaxed) {
-        vgpu_core::warn!(
-            "our GPU work got {done_ms} ms done in {span_ms} ms at the {} us timeslice (another context on this GPU runs a short timeslice too, or our kernels wait on purpose); {} us for {cool_s} s",
-            node::LOWER_TIMESLICE_US,
-            node::SHARED_TIMESLICE_US
-        );
-    } else {
-        vgpu_core::debug!("GPU work stalled ({done_ms} ms done in {span_ms} ms) at the short timeslice: the shared one for {cool_s} s");
-    }
-}
-
-/// Our work stalled at the short timeslice within `STALL_COOLDOWN_NS`.
-fn demoted(now: u64) -> bool {
-    let at = STALLED_AT.load(Relaxed);
-    at != 0 && now.saturating_sub(at) < node::STALL_COOLDOWN_NS
 }
 
 /// The launch path (gated): this process launched on `dev` at `now`, or the monitor found work of
@@ -408,26 +370,6 @@ mod tests {
         assert!(!may_shorten_on(1, &n, &n.file.read().unwrap(), now));
         drop(other); // its owner gone: the slot is nobody's
         assert!(may_shorten_on(1, &n, &n.file.read().unwrap(), now));
-    }
-
-    #[test]
-    fn work_stalled_at_the_short_timeslice_demotes_the_groups_for_a_while() {
-        let now = vgpu_core::clock::now_ns();
-        STALLED_AT.store(0, Relaxed);
-        let w = node::STALL_WINDOW_NS;
-        let stuck = Progress { oldest_age_ns: Some(2 * w), span_ns: w, done_ns: 0 };
-        // Not short (libcuda's or the shared timeslice): slow work is not ours to judge.
-        note_progress(false, now, stuck);
-        assert!(!demoted(now));
-        // Short, and work got done, or none is in flight: no stall.
-        note_progress(true, now, Progress { done_ns: w / 2, ..stuck });
-        note_progress(true, now, Progress { oldest_age_ns: None, ..stuck });
-        assert!(!demoted(now));
-        // Short and nowhere for the window: the shared timeslice until the cooldown ends.
-        note_progress(true, now, stuck);
-        assert!(demoted(now) && demoted(now + node::STALL_COOLDOWN_NS - 1));
-        assert!(!demoted(now + node::STALL_COOLDOWN_NS));
-        STALLED_AT.store(0, Relaxed);
     }
 
     /// The flags are the process's: one test walks the cases in order.

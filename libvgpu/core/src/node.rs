@@ -315,39 +315,17 @@ pub fn shorten_everywhere(gpus: &[GpuView]) -> bool {
 }
 
 /// The timeslice our channel groups should run (`None`: libcuda's own): `LOWER_TIMESLICE_US`
-/// where `shorten_everywhere` allows it, unless we work beside the higher priority and our work
-/// stalled there lately (`demoted`: `stalled`); else `SHARED_TIMESLICE_US` while a
-/// higher-priority container is on a GPU we work on; else libcuda's (a data-parallel rank
-/// beside an equal-priority peer on its own GPU, the service on another GPU it does not use).
-pub fn group_timeslice_us(gpus: &[GpuView], demoted: bool) -> Option<u64> {
-    let beside_higher = gpus.iter().any(|g| g.higher && g.active);
-    if shorten_everywhere(gpus) && !(demoted && beside_higher) {
+/// where `shorten_everywhere` allows it; else `SHARED_TIMESLICE_US` while a higher-priority
+/// container is on a GPU we work on; else libcuda's (a data-parallel rank beside an
+/// equal-priority peer on its own GPU, the service on another GPU it does not use).
+pub fn group_timeslice_us(gpus: &[GpuView]) -> Option<u64> {
+    if shorten_everywhere(gpus) {
         Some(LOWER_TIMESLICE_US)
-    } else if beside_higher {
+    } else if gpus.iter().any(|g| g.higher && g.active) {
         Some(SHARED_TIMESLICE_US)
     } else {
         None
     }
-}
-
-/// Our work at the short timeslice has stalled when, over a window this long with the same work
-/// in flight all along, what completed would have taken less than 1/`STALL_RATIO` of it with the
-/// GPU to ourselves: another context on the GPU runs a short timeslice too (a tenant that set
-/// its own groups so and claims a higher priority) and ours and it switch so often that neither
-/// gets anywhere (two GPT-2 trainings at 50 us on an H200: no step in minutes).
-pub const STALL_WINDOW_NS: u64 = 2_000_000_000;
-/// Beside a saturating higher-priority context at libcuda's 1024-2048 us, ours at 50 us still
-/// runs 1/20-1/42 of the time (1/83 beside two such): a stall is well below that.
-pub const STALL_RATIO: u64 = 200;
-/// After a stall, our groups run `SHARED_TIMESLICE_US` this long before trying the short one again.
-pub const STALL_COOLDOWN_NS: u64 = 30_000_000_000;
-
-/// Has our work stalled? `oldest_age_ns`: how long the oldest of it has been in flight (`None`:
-/// nothing is); `done_ns`: the solo GPU time of what completed over the last `span_ns`
-/// (`limiter::meter::Progress`). A deep queue of our own running at full speed completes about
-/// its span; a kernel waiting on purpose (a collective) completes nothing and counts.
-pub fn stalled(oldest_age_ns: Option<u64>, span_ns: u64, done_ns: u64) -> bool {
-    oldest_age_ns.is_some_and(|age| age >= STALL_WINDOW_NS) && span_ns >= STALL_WINDOW_NS && done_ns.saturating_mul(STALL_RATIO) < span_ns
 }
 
 /// This process's latest launch on one GPU for its entry: `gated_ns`, its latest gated launch

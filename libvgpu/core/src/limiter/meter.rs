@@ -152,10 +152,6 @@ struct StreamTrack<E> {
     /// (rising 1% per `MIN_DRIFT_NS`, so one odd interval does not stand forever).
     solo_sum_ns: u64,
     solo_launches_milli: u64,
-    /// Per-launch time that moves at most 1% per completed interval (0: none yet): at full speed
-    /// it follows the program within tens of milliseconds; in a stall, whose intervals complete
-    /// rarely, it hardly moves, so the work done (`Meter::done_ns`) shows the stall.
-    pace_ns: u64,
     min_ns: u64,
     min_at_ns: u64,
     touched_ns: u64,
@@ -188,7 +184,6 @@ impl<E: Copy> StreamTrack<E> {
             est_launches_milli: 0,
             solo_sum_ns: 0,
             solo_launches_milli: 0,
-            pace_ns: 0,
             min_ns: 0,
             min_at_ns: 0,
             touched_ns: now,
@@ -230,35 +225,16 @@ impl<E: Copy> StreamTrack<E> {
         self.start_lat_ns = mean_of_last_few(self.start_lat_ns, lat_ns);
     }
 
-    /// Per-launch GPU time with the GPU to ourselves: the solo average, or (started beside
-    /// another tenant) the shortest seen; 0 while nothing was measured.
-    fn solo_ns(&self) -> u64 {
-        match self.solo_launches_milli {
-            0 => self.min_ns,
-            n => (self.solo_sum_ns as u128 * 1000 / n as u128).max(1) as u64,
-        }
-    }
-
-    /// An interval of `launches` completed in `interval_ns`: move `pace_ns` toward its
-    /// per-launch time by at most 1%.
-    fn pace(&mut self, interval_ns: u64, launches: u32) {
-        let per_launch = interval_ns / launches.max(1) as u64;
-        if per_launch < MIN_LEARN_NS {
-            return;
-        }
-        self.pace_ns = match self.pace_ns {
-            0 => per_launch,
-            p => per_launch.clamp(p - p / 100, p + p / 100 + 1),
-        };
-    }
-
     /// Share (x1000) of a measured interval our work really had the GPU: all of it, unless
     /// another tenant is known to be active and our launches take longer than alone.
     fn share_milli(&self, contended: bool) -> u64 {
         if !contended || self.min_ns == 0 {
             return 1000; // alone, or nothing measured yet: charge it all
         }
-        let solo = self.solo_ns() as u128;
+        let solo = match self.solo_launches_milli {
+            0 => self.min_ns as u128,
+            n => (self.solo_sum_ns as u128 * 1000 / n as u128).max(1),
+        };
         let slowdown = (self.est_ns as u128 * 1000 / solo).min(100_000) as u64;
         if slowdown < SLOWDOWN_DEADBAND_MILLI {
             return 1000;
@@ -355,27 +331,11 @@ pub struct MeterStats {
     pub beside_queued: u64,
 }
 
-/// What a progress check saw (`Meter::progress`, `node::stalled`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// How long the oldest of our work in flight has waited since its submission (`None`: none).
-    pub oldest_age_ns: Option<u64>,
-    /// How long a span `done_ns` covers.
-    pub span_ns: u64,
-    /// Work completed over that span, at its streams' pace (`StreamTrack::pace_ns`).
-    pub done_ns: u64,
-}
-
 /// One process's meter and gate for one device.
 pub struct Meter<E: Copy> {
     streams: Vec<StreamTrack<E>>,
     /// Busy time this process's intervals added to the container's union (ns).
     pub charged_total_ns: u64,
-    /// Our completed launches, each at its stream's `pace_ns` (before its own interval moves
-    /// it), summed: how much work got done.
-    pub done_ns: u64,
-    /// (time, `done_ns`) at the monitor's recent progress checks, oldest first.
-    checks: VecDeque<(u64, u64)>,
     launches: u64,
     /// When events were last polled.
     polled_ns: u64,
@@ -398,8 +358,6 @@ impl<E: Copy> Default for Meter<E> {
         Meter {
             streams: Vec::new(),
             charged_total_ns: 0,
-            done_ns: 0,
-            checks: VecDeque::new(),
             launches: 0,
             polled_ns: 0,
             contended: false,
@@ -425,29 +383,6 @@ impl<E: Copy> Meter<E> {
     /// The per-launch estimates of the streams with work queued, in microseconds (debug log).
     pub fn estimates_us(&self) -> Vec<u64> {
         self.streams.iter().filter(|s| s.pending_launches + s.unevented as u64 > 0).map(|s| s.est_ns / 1000).collect()
-    }
-
-    /// When the oldest work still in flight with an event to tell its end was submitted (the
-    /// earliest it could start). Launches without an event are not counted: their end is only
-    /// known at a synchronize.
-    pub fn oldest_pending_ns(&self) -> Option<u64> {
-        self.streams.iter().filter_map(|s| s.pending.front()).map(|p| p.submit_ns).min()
-    }
-
-    /// The monitor's progress check at `now` (after a `poll`): how long our oldest work in
-    /// flight has waited, and how much work completed over the span of the recent checks (at
-    /// least `window_ns` once there are checks that old).
-    pub fn progress(&mut self, now: u64, window_ns: u64) -> Progress {
-        self.checks.push_back((now, self.done_ns));
-        while self.checks.len() > 2 && now.saturating_sub(self.checks[1].0) >= window_ns {
-            self.checks.pop_front();
-        }
-        let (t0, done0) = self.checks[0];
-        Progress {
-            oldest_age_ns: self.oldest_pending_ns().map(|o| now.saturating_sub(o)),
-            span_ns: now.saturating_sub(t0),
-            done_ns: self.done_ns.saturating_sub(done0),
-        }
     }
 
     /// Estimated GPU time of everything we have queued.
@@ -522,10 +457,8 @@ impl<E: Copy> Meter<E> {
                 }
                 let end = clipped;
                 st.last_end_ns = end;
-                self.done_ns = self.done_ns.saturating_add((head.launches as u64).saturating_mul(st.pace_ns));
                 if head.clip_ns.is_none() {
                     st.learn(end - start, head.launches, contended, now);
-                    st.pace(end - start, head.launches);
                 }
                 self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now, owner);
             }
@@ -903,115 +836,6 @@ mod tests {
         assert_eq!(meter.pending_launches(), 0);
         assert_eq!(meter.charged_total_ns, 2 * MS, "the second launch: from its submit to its end");
         assert_eq!(evs.released, vec![10, 11]);
-    }
-
-    #[test]
-    fn the_oldest_work_in_flight_is_the_first_pending_of_any_stream() {
-        let (s, m, mut evs, mut meter) = fixture();
-        let b = Bucket::new(&s, &m);
-        assert_eq!(meter.oldest_pending_ns(), None);
-        meter.launched(1, None, None, T0, &mut evs); // no event yet: its end cannot be told
-        assert_eq!(meter.oldest_pending_ns(), None);
-        meter.launched(1, None, Some(10), T0 + MS, &mut evs);
-        meter.launched(2, None, Some(11), T0 + 2 * MS, &mut evs);
-        meter.launched(1, None, Some(12), T0 + 3 * MS, &mut evs);
-        assert_eq!(meter.oldest_pending_ns(), Some(T0), "the event covers the launch before it");
-        evs.states.insert(10, EventState::Done(T0 + 4 * MS));
-        meter.poll(&mut evs, &b, T0 + 5 * MS);
-        assert_eq!(meter.oldest_pending_ns(), Some(T0 + 2 * MS), "stream 2's, then stream 1's next");
-        evs.states.insert(11, EventState::Done(T0 + 6 * MS));
-        evs.states.insert(12, EventState::Done(T0 + 7 * MS));
-        meter.poll(&mut evs, &b, T0 + 8 * MS);
-        assert_eq!(meter.oldest_pending_ns(), None);
-    }
-
-    /// The monitor's stall check at `now`, as `node::progress` makes it.
-    fn stall_check(meter: &mut Meter<u32>, evs: &mut Scripted, b: &Bucket<'_>, now: u64) -> bool {
-        meter.poll(evs, b, now);
-        let p = meter.progress(now, crate::node::STALL_WINDOW_NS);
-        crate::node::stalled(p.oldest_age_ns, p.span_ns, p.done_ns)
-    }
-
-    /// Intervals of 10 launches of `us` us each, warmed up at full speed, then kept `depth`
-    /// deep while each completes `slow` times slower than alone; the first check (every 200 ms)
-    /// that says stalled, in ms from the slowdown's start, within `secs`.
-    fn first_stall(us: u64, slow: u64, depth: u64, secs: u64) -> Option<u64> {
-        let (s, m, mut evs, mut meter) = fixture();
-        let b = Bucket::new(&s, &m);
-        let (mut id, mut t) = (0u32, T0);
-        for _ in 0..20 {
-            for j in 0..10 {
-                meter.launched(1, None, (j == 9).then_some(id), t + j * 1_000, &mut evs);
-            }
-            evs.states.insert(id, EventState::Done(t + 10 * us * 1_000));
-            meter.poll(&mut evs, &b, t + 10 * us * 1_000);
-            (id, t) = (id + 1, t + 20 * us * 1_000);
-        }
-        let submit = |meter: &mut Meter<u32>, evs: &mut Scripted, id: &mut u32, at: u64| {
-            for j in 0..10 {
-                meter.launched(1, None, (j == 9).then_some(*id), at + j * 1_000, evs);
-            }
-            *id += 1;
-        };
-        let mut queued: VecDeque<u32> = VecDeque::new();
-        for k in 0..depth {
-            queued.push_back(id);
-            submit(&mut meter, &mut evs, &mut id, t + k * 20_000);
-        }
-        let every = 10 * us * 1_000 * slow;
-        let start = t + MS;
-        let (mut next_done, mut now) = (start + every, start);
-        while now < start + secs * 1_000 * MS {
-            while next_done <= now {
-                evs.states.insert(queued.pop_front().expect("queued"), EventState::Done(next_done));
-                queued.push_back(id);
-                submit(&mut meter, &mut evs, &mut id, next_done);
-                next_done += every;
-            }
-            if stall_check(&mut meter, &mut evs, &b, now) {
-                return Some((now - start) / MS);
-            }
-            now += 200 * MS;
-        }
-        None
-    }
-
-    #[test]
-    fn work_that_trickles_at_the_short_timeslice_is_a_stall_and_a_fair_share_is_not() {
-        // 1000x slower with 40 intervals queued (a framework kept full): seen within the
-        // window and a few checks (the queue's depth does not raise the bar).
-        let at = first_stall(10, 1000, 40, 60).expect("a stall at 1/1000 of our speed");
-        assert!(at <= crate::node::STALL_WINDOW_NS / MS + 600, "seen after {at} ms");
-        // No progress at all: the same.
-        assert!(first_stall(10, 1_000_000, 4, 10).is_some());
-        // Beside a saturating higher-priority context (1/42 of the GPU) or two (1/83): never.
-        assert_eq!(first_stall(10, 42, 40, 30), None);
-        assert_eq!(first_stall(1_000, 83, 4, 30), None);
-    }
-
-    #[test]
-    fn a_deep_queue_of_our_own_running_at_full_speed_is_no_stall() {
-        // A 5 s step of 1 ms kernels queued at once (unbounded at the short timeslice) and run
-        // at full speed: near its end the oldest work has waited the whole step, and little is
-        // left queued, but the work done over the window is all of it.
-        let (s, m, mut evs, mut meter) = fixture();
-        let b = Bucket::new(&s, &m);
-        for i in 0..250u32 {
-            for j in 0..20u64 {
-                meter.launched(1, None, (j == 19).then_some(i), T0 + (i as u64 * 20 + j) * 5_000, &mut evs);
-            }
-        }
-        let mut now = T0 + 25 * MS;
-        while now < T0 + 5_100 * MS {
-            for i in 0..250u32 {
-                let end = T0 + 25 * MS + (i as u64 + 1) * 20 * MS;
-                if end <= now {
-                    evs.states.insert(i, EventState::Done(end));
-                }
-            }
-            assert!(!stall_check(&mut meter, &mut evs, &b, now), "stalled at {} ms at full speed", (now - T0) / MS);
-            now += 5 * MS;
-        }
     }
 
     #[test]

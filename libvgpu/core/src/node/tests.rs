@@ -432,38 +432,18 @@ fn groups_shorten_only_where_every_gpu_the_process_works_on_allows_it() {
 #[test]
 fn a_lower_priority_process_that_may_not_run_the_short_timeslice_runs_the_shared_one() {
     let g = |higher, active, may| GpuView { higher, active, may };
-    assert_eq!(group_timeslice_us(&[], false), None);
-    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))], false), None, "no higher priority: libcuda's");
-    assert_eq!(group_timeslice_us(&[g(false, true, Some(false))], false), None);
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))], false), Some(LOWER_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[]), None);
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))]), None, "no higher priority: libcuda's");
+    assert_eq!(group_timeslice_us(&[g(false, true, Some(false))]), None);
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))]), Some(LOWER_TIMESLICE_US));
     // Another process without higher priority works there (or nobody could tell): not the short
     // timeslice, which two such processes would both run, but one between it and libcuda's.
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(false))], false), Some(SHARED_TIMESLICE_US));
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(true)), g(false, true, None)], false), Some(SHARED_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(false))]), Some(SHARED_TIMESLICE_US));
+    assert_eq!(group_timeslice_us(&[g(true, true, Some(true)), g(false, true, None)]), Some(SHARED_TIMESLICE_US));
     // The higher priority is only on a GPU we do not work on, and our GPU carries an
     // equal-priority peer: libcuda's, as that peer runs.
-    assert_eq!(group_timeslice_us(&[g(true, false, Some(true)), g(false, true, Some(false))], false), None);
+    assert_eq!(group_timeslice_us(&[g(true, false, Some(true)), g(false, true, Some(false))]), None);
     const { assert!(LOWER_TIMESLICE_US < SHARED_TIMESLICE_US && SHARED_TIMESLICE_US < 1024) };
-    // Our work stalled at the short timeslice lately: the shared one where we work beside the
-    // higher priority; an idle process (nothing to switch to) may stay short.
-    assert_eq!(group_timeslice_us(&[g(true, true, Some(true))], true), Some(SHARED_TIMESLICE_US));
-    assert_eq!(group_timeslice_us(&[g(true, false, Some(true))], true), Some(LOWER_TIMESLICE_US));
-    assert_eq!(group_timeslice_us(&[g(false, true, Some(true))], true), None);
-}
-
-#[test]
-fn work_that_goes_nowhere_at_the_short_timeslice_is_a_stall() {
-    let w = STALL_WINDOW_NS;
-    // Nothing in flight, or in flight for less than the window, or the window not seen yet.
-    assert!(!stalled(None, w, 0));
-    assert!(!stalled(Some(w - 1), w, 0));
-    assert!(!stalled(Some(w), w - 1, 0));
-    // In flight all the window and almost nothing completed: a stall.
-    assert!(stalled(Some(w), w, 0));
-    assert!(stalled(Some(10 * w), w, w / STALL_RATIO - 1));
-    // A share beside a saturating higher priority (1/83 at the least) is not.
-    assert!(!stalled(Some(10 * w), w, w / 83));
-    assert!(!stalled(Some(u64::MAX), u64::MAX, u64::MAX));
 }
 
 #[test]
