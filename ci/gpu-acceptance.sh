@@ -10,10 +10,12 @@
 #   part 3  issue 10 overheads (gpu-limiter.sh overhead, gate_cost.py), issue 11 (gpu-memory.sh),
 #           issue 14 (priority.py)
 #   part 4  issue 14 beyond its bounds: two lower-priority trainings beside a higher-priority
-#           container (two_lower.py: neither may stop), three containers (gpu-limiter.sh priorities)
+#           container (two_lower.py: neither may stop), three containers (gpu-limiter.sh priorities),
+#           and, reported but not counted (issue 14 sets its bounds for one training), the service
+#           beside two trainings (priority.py with TRAINERS=2)
 # usage: dist/ci/gpu-acceptance.sh 1|2|3|4      ($OUT: logs and summaries are written there)
 set -u
-case "${1:-}" in 1 | 2 | 3 | 4) ;; *) sed -n '2,14p' "$0"; exit 2 ;; esac
+case "${1:-}" in 1 | 2 | 3 | 4) ;; *) sed -n '2,16p' "$0"; exit 2 ;; esac
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 export DIST
 echo "commit=$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown) part=${1:-?}"
@@ -25,6 +27,12 @@ step() { # step NAME SECONDS CMD...: run (at most SECONDS), keep its output unde
     timeout "$secs" "$@" >"$log" 2>&1 || failed=$((failed + 1))
     grep -E "ok=|PASS|FAIL|SKIP|failures=|summary|error|p99|kept" "$log" | sed -E 's/ samples=\[[^]]*\]//' | cut -c1-220 | sed "s/^/$name: /"
 }
+report() { # report NAME SECONDS CMD...: like step, but its verdict is printed, not counted
+    local before=$failed
+    step "$@"
+    [ "$failed" -eq "$before" ] || echo "$1: (reported only, not counted)"
+    failed=$before
+}
 case "$1" in
 1) step share1 560 "$DIST/ci/gpu-share.sh" threads sync streams repeat random procs ;;
 2) step share2 400 env TORCH_KINDS="matmul gpt2 resnet graph" "$DIST/ci/gpu-share.sh" torch compile
@@ -34,7 +42,8 @@ case "$1" in
    step memory 200 "$DIST/ci/gpu-memory.sh"
    step priority 120 python3 "$DIST/bench/py/priority.py" 20 ;;
 4) step two_lower 240 python3 "$DIST/bench/py/two_lower.py" 10 gpt2
-   step priorities 150 env SECS=8 "$DIST/ci/gpu-limiter.sh" priorities ;;
+   step priorities 150 env SECS=8 "$DIST/ci/gpu-limiter.sh" priorities
+   report two_trainings 170 env TRAINERS=2 MODES=priority python3 "$DIST/bench/py/priority.py" 20 ;;
 esac
 echo "acceptance part $1: failed_steps=$failed"
 [ "$failed" -eq 0 ]

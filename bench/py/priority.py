@@ -116,6 +116,9 @@ if "priority" in rec:
     rec["ok_training"] = rec["priority"]["training_keeps"] >= 0.80
     rec["p99_ratio"] = round(p99_ratio, 3)
 print("priority " + json.dumps(rec), flush=True)
+if "priority" in rec:
+    print(f"priority summary trainers={TRAINERS} p99_ratio={rec['p99_ratio']} ok_p99={rec['ok_p99']} "
+          f"training_keeps={rec['priority']['training_keeps']} ok_training={rec['ok_training']}", flush=True)
 if os.environ.get("OUT"):
     with open(os.path.join(os.environ["OUT"], "priority.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
