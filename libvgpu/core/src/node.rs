@@ -251,10 +251,14 @@ pub fn busy(e: &Entry, now: u64) -> bool {
     e.active_until_ns > now
 }
 
+/// A time an entry gave (0: never) lies at most `window_ns` before `now` (a future one does not).
+fn within(t: u64, now: u64, window_ns: u64) -> bool {
+    t != 0 && t <= now && now - t <= window_ns
+}
+
 /// It has work by any sign: declared, a launch within `RECENT_NS`, or recent utilization.
 fn has_work(e: &Entry, now: u64) -> bool {
-    let recent = e.last_launch_ns != 0 && e.last_launch_ns <= now && now - e.last_launch_ns <= RECENT_NS;
-    busy(e, now) || recent || e.util_centi >= 500
+    busy(e, now) || within(e.last_launch_ns, now, RECENT_NS) || e.util_centi >= 500
 }
 
 /// A higher-priority container counts as working this long after its latest launch or declared
@@ -267,8 +271,7 @@ pub const ENGAGED_NS: u64 = 5_000_000_000;
 /// path writes it at each request; the latest launch only reaches the entry at the owner's next
 /// monitor tick), a launch within `ENGAGED_NS`, or utilization.
 fn engaged(e: &Entry, now: u64) -> bool {
-    let within = |t: u64| t != 0 && t <= now && now - t <= ENGAGED_NS;
-    has_work(e, now) || within(e.last_launch_ns) || within(e.active_until_ns)
+    has_work(e, now) || within(e.last_launch_ns, now, ENGAGED_NS) || within(e.active_until_ns, now, ENGAGED_NS)
 }
 
 /// May the process owning entry `mine` (priority `my_priority`) give its channel groups
@@ -447,7 +450,7 @@ pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_cap: Option<u32>, now:
     let mut parts: Vec<(u64, u32)> = vec![(me, my_cap)];
     for s in slots {
         let Slot::Used(e) = s else { continue };
-        let recent = e.last_launch_ns != 0 && e.last_launch_ns <= now && now - e.last_launch_ns <= TURN_RECENT_NS;
+        let recent = within(e.last_launch_ns, now, TURN_RECENT_NS);
         if e.container == me || !live(e, now) || priority_of(e) != mine || !(1..100).contains(&e.cap) || !recent {
             continue;
         }
