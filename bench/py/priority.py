@@ -11,7 +11,7 @@ service, "no_priority priority" by default; "idle_higher" adds one beside a prio
 but sends nothing: what being the lower priority costs the training by itself (its rate over its solo rate);
 TRAINERS=N: N trainings at once, each its own container (default 1; their rates summed, solo too);
 CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
-hook's lines of each training run go to $OUT/priority-train-MODE.log)"""
+hook's lines of each training run go to $OUT/priority-train-MODE.log, the service's to $OUT/priority-service-MODE.log)"""
 import json
 import os
 import subprocess
@@ -40,10 +40,12 @@ def env(prio, tag):
     return tenant_env(node_dir, prio, f"prio-{tag}")
 
 
-def service(prio):
-    out = subprocess.run(SERVICE, env=env(prio, "svc"),
-                         capture_output=True, text=True, check=True).stdout
-    line = [x for x in out.splitlines() if x.startswith("service ")][-1]
+def service(prio, mode):
+    run = subprocess.run(SERVICE, env=env(prio, "svc"), capture_output=True, text=True, check=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"priority-service-{mode}.log"), "a") as f:
+            f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith("[libvgpu"))
+    line = [x for x in run.stdout.splitlines() if x.startswith("service ")][-1]
     return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
 
 
@@ -77,7 +79,7 @@ time.sleep(8)
 solo = training_rate(train, t0, time.monotonic())
 stop(train, "solo")
 # The service alone: its latency and how busy it keeps the GPU.
-alone = service(0)
+alone = service(0, "alone")
 svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
 rec = dict(trainers=TRAINERS, training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
 MODES = os.environ.get("MODES", "no_priority priority").split()
@@ -105,7 +107,7 @@ for mode, train_prio in (("no_priority", 0), ("priority", 1)):
     train = trainings(train_prio, f"train-{mode}")
     time.sleep(3)
     t0 = time.monotonic()
-    beside = service(0)
+    beside = service(0, mode)
     t1 = time.monotonic()
     keep = training_rate(train, t0, t1) / (solo * max(1e-6, 1 - svc_util))
     stop(train, mode)
