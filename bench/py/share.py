@@ -26,6 +26,15 @@ import threading
 import time
 
 DIST = os.environ.get("DIST", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def hook_lib():
+    """The hook to preload: $LIBVGPU or $DIST/libvgpu.so. A path that is not there would make
+    ld.so print one line and run every 'hooked' program without the hook: stop instead."""
+    lib = os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so"
+    if not os.path.isfile(lib):
+        sys.exit(f"error=no_hook_library path={lib} (set DIST to the dist/ tree, or LIBVGPU)")
+    return lib
 WARM = float(os.environ.get("WARM", "2.5"))
 MEASURE = float(os.environ.get("MEASURE", "4"))
 
@@ -181,7 +190,7 @@ def judge(name, cap, u0, k0, utils, k, extra=None):
 
 
 def child_env(region, cap=None):
-    env = dict(os.environ, LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=region, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, LD_PRELOAD=hook_lib(), CUDA_DEVICE_MEMORY_SHARED_CACHE=region, PYTHONUNBUFFERED="1")
     env.pop("CUDA_DEVICE_SM_LIMIT", None)
     if cap is not None:
         env["CUDA_DEVICE_SM_LIMIT"] = str(cap)
@@ -191,7 +200,7 @@ def child_env(region, cap=None):
 def tenant_env(node_dir, prio, tag):
     """A container of its own (own region, no caps) at priority `prio`, sharing the node directory."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
-    e.update(LD_PRELOAD=os.environ.get("LIBVGPU") or f"{DIST}/libvgpu.so", VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
+    e.update(LD_PRELOAD=hook_lib(), VGPU_NODE_DIR=node_dir, CUDA_TASK_PRIORITY=str(prio),
              CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=f"{tag}-"), PYTHONUNBUFFERED="1")
     return e
 
