@@ -45,8 +45,11 @@ def service(prio, mode):
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"priority-service-{mode}.log"), "a") as f:
             f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith("[libvgpu"))
-    line = [x for x in run.stdout.splitlines() if x.startswith("service ")][-1]
-    return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+    rec = {}
+    for kind in ("service ", "service_parts "):
+        for line in [x for x in run.stdout.splitlines() if x.startswith(kind)][-1:]:
+            rec.update({k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
+    return rec
 
 
 def trainings(prio, tag):

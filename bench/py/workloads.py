@@ -88,8 +88,13 @@ def graph():
     with torch.no_grad(), torch.cuda.graph(g):
         y = model(x)
 
-    def step():
+    def step(start=None, end=None):
+        # Events around the replay (optional) time the request's own stretch on the GPU.
+        if start is not None:
+            start.record()
         g.replay()
+        if end is not None:
+            end.record()
         torch.cuda.synchronize()
         return y
     return step
