@@ -10,7 +10,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, Nvml, Proc  # noqa: E402
+from share import hook_lib, Nvml, Proc  # noqa: E402
 
 kind = sys.argv[1]
 secs = float(sys.argv[2]) if len(sys.argv) > 2 else 8
@@ -24,7 +24,7 @@ for _ in range(rounds):
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
         env.pop("LD_PRELOAD", None)
         if mode != "off":
-            env.update(LD_PRELOAD=f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="gc-"))
+            env.update(LD_PRELOAD=hook_lib(), CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="gc-"))
         if mode == "cap99":
             env["CUDA_DEVICE_SM_LIMIT"] = "99"
         p = Proc(wl, env)

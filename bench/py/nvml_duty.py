@@ -14,7 +14,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, Nvml, own_busy_ns  # noqa: E402
+from share import DIST, hook_lib, Nvml, own_busy_ns  # noqa: E402
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="duty-")
     for gap in gaps:
         region = f"{tmp}/r{gap}"
-        env = dict(os.environ, LD_PRELOAD=f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
+        env = dict(os.environ, LD_PRELOAD=hook_lib(), CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
                    CUDA_DEVICE_SM_LIMIT="99")
         cmd = [f"{DIST}/samples/test_streams", "--us", us, "--gap-us", str(gap), "--seconds", "4"]
         if "--blocks" in o:

@@ -7,12 +7,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, Nvml, own_busy_ns  # noqa: E402
+from share import DIST, hook_lib, Nvml, own_busy_ns  # noqa: E402
 
 cap, secs = sys.argv[1], float(sys.argv[2])
 cmd = sys.argv[sys.argv.index("--") + 1:]
 region = tempfile.mktemp(prefix="own-")
-env = dict(os.environ, LD_PRELOAD=f"{DIST}/libvgpu.so", CUDA_DEVICE_MEMORY_SHARED_CACHE=region, CUDA_DEVICE_SM_LIMIT=cap)
+env = dict(os.environ, LD_PRELOAD=hook_lib(), CUDA_DEVICE_MEMORY_SHARED_CACHE=region, CUDA_DEVICE_SM_LIMIT=cap)
 p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
 nvml = Nvml()
 time.sleep(8)
