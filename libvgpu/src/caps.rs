@@ -15,6 +15,16 @@ use crate::runtime::{ProcState, Runtime};
 pub(crate) static GATE: AtomicBool = AtomicBool::new(false);
 /// A launch happened since the monitor last looked (last-kernel-time without a clock read).
 pub(crate) static LAUNCHED: AtomicBool = AtomicBool::new(false);
+
+/// The launch path: note a launch. Written only when it is not already noted (once per monitor
+/// tick), so threads launching side by side share the line with `GATE` read-only instead of
+/// taking it from each other at every launch.
+#[inline]
+pub(crate) fn note_launch() {
+    if !LAUNCHED.load(Relaxed) {
+        LAUNCHED.store(true, Relaxed);
+    }
+}
 /// Another tenant is busy on device d (set by the monitor from NVML).
 pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// No other tenant is busy on device d: the soft cap may apply (set by the monitor).

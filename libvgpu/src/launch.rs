@@ -1,8 +1,8 @@
 //! Launch gate: the FFI side of the compute limiter (`vgpu_core::limiter` holds the policy).
 //!
 //! Every kernel/graph launch shim calls `before_launch` then `after_launch`; every synchronize
-//! shim calls `after_sync`. With no cap and no suspend anywhere, `before_launch` is one relaxed
-//! load plus one relaxed store (no lock, no clock, no syscall): `GATE` is refreshed by the monitor
+//! shim calls `after_sync`. With no cap and no suspend anywhere, `before_launch` is two relaxed
+//! loads (and a store once per monitor tick; no lock, no clock, no syscall): `GATE` is refreshed by the monitor
 //! thread from the shared region, so a cap set at run time takes effect within its period.
 //!
 //! Gated, a launch waits while the policy says so (nothing locked meanwhile), and a timing event
@@ -17,7 +17,7 @@ use vgpu_core::limiter::eventclock::EventClock;
 use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, Step, StreamKey};
 use vgpu_core::MAX_DEVICES;
 
-use crate::caps::{CONTENDED, GATE, LAUNCHED};
+use crate::caps::{note_launch, CONTENDED, GATE};
 use crate::driver;
 use crate::ffi::{CUcontext, CUevent, CUDA_SUCCESS};
 use crate::runtime::{ProcState, Runtime};
@@ -105,7 +105,7 @@ struct Gated {
 #[inline]
 pub fn before_launch(stream: CUstream, ptsz: bool) -> LaunchTicket {
     if !GATE.load(Relaxed) {
-        LAUNCHED.store(true, Relaxed);
+        note_launch();
         return LaunchTicket::default();
     }
     timed(&COUNTERS.before_ns, || gated_before(stream, ptsz))
@@ -412,7 +412,7 @@ fn launch_device(ps: &ProcState) -> Option<usize> {
 
 #[inline(never)]
 fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
-    LAUNCHED.store(true, Relaxed);
+    note_launch();
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
     crate::node::launched_on(dev, vgpu_core::clock::fast_now_ns());
