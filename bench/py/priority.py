@@ -124,6 +124,10 @@ print("priority " + json.dumps(rec), flush=True)
 if "priority" in rec:
     print(f"priority summary trainers={TRAINERS} p99_ratio={rec['p99_ratio']} ok_p99={rec['ok_p99']} "
           f"training_keeps={rec['priority']['training_keeps']} ok_training={rec['ok_training']}", flush=True)
+    # Where the latency went (service.py's service_parts), alone -> with priority.
+    parts = [k for k in ("queued_p99_ms", "gpu_p99_ms", "outside_p99_ms", "fresh_gpu_p99_ms", "fresh_outside_p99_ms") if k in alone]
+    if parts:
+        print("priority parts " + " ".join(f"{k}={alone[k]:.3f}->{rec['priority']['service'].get(k, float('nan')):.3f}" for k in parts), flush=True)
 if os.environ.get("OUT"):
     with open(os.path.join(os.environ["OUT"], "priority.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
