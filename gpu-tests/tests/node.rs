@@ -3,6 +3,7 @@
 //! higher-priority container has work queued or running, lower-priority ones hold new launches;
 //! they resume when it goes idle; a SIGKILLed one stops holding anyone within a second; a corrupt
 //! or symlinked node file costs one log line and leaves today's behaviour.
+//! A soft cap (`CUDA_CORE_SOFT_LIMIT`) applies while no other container of the node has work.
 //!
 //! Latencies and rates are measured on the mock's shared timeline (wall time of a launch +
 //! synchronize, kernels per second), with tolerances for a loaded 2-core machine.
@@ -464,4 +465,40 @@ fn a_long_kernel_keeps_its_process_entry_busy_after_the_launch() {
     assert!(e.last_launch_ns != 0 && now.saturating_sub(e.last_launch_ns) <= RECENT_NS, "2.3 s into a 3 s kernel its entry looks idle\n{ctx}");
     long.stop();
     high.stop();
+}
+
+/// The soft cap through the node view (issue 14: caps work-conserving without HAMi's monitor):
+/// a container capped 15 with a soft cap of 60 runs at its soft cap while no other container of
+/// the node has work, at most at its hard cap while one has, and at its soft cap again within a few
+/// seconds of that neighbour going idle (still alive, still in the node file). The neighbour is
+/// uncapped, one 1 ms request at a time: the GPU would give the soft-capped one about 42% (capped
+/// neighbours of one priority would take turns, which bound it by themselves). The neighbour's
+/// kernels also delay its own, so beside it only an upper bound is judged. Tolerances as
+/// control.rs's share tests (±10 points on a loaded 2-core machine).
+#[test]
+#[serial(mock_gpu_timing)]
+fn the_soft_cap_gives_way_while_another_container_works_and_comes_back_after() {
+    let base = alone_rate(&[]);
+    let s = Scratch::new("node-soft");
+    let mut a = Bg::spawn(saturating(&s, "a", 1, 1, &[("CUDA_DEVICE_SM_LIMIT", "15"), ("CUDA_CORE_SOFT_LIMIT", "60")]), "soft-capped");
+    a.wait_line("second=3 ", Duration::from_secs(10));
+    let share = |r: Vec<f64>, what: &str, ctx: &str| 100.0 * mean(&r, &format!("{what}\n{ctx}")) / base;
+    let alone = share(a.rates(Instant::now() - Duration::from_millis(2500), Instant::now()), "a alone", &a.text());
+    // The neighbour: 1 ms requests back to back for 5 s, then idle but alive.
+    let mut b = Bg::spawn(requests(&s, "b", 1, 1000, 0, 5, &["--idle-seconds", "8"]), "neighbour");
+    b.wait_line("serving=1", Duration::from_secs(10));
+    let t = Instant::now();
+    b.wait_line("idle=1", Duration::from_secs(15));
+    let idle_at = Instant::now();
+    let during = a.rates(t + Duration::from_millis(1500), idle_at);
+    sleep_until(idle_at + Duration::from_millis(5000));
+    let after = a.rates(idle_at + Duration::from_millis(2500), Instant::now());
+    let ctx = format!("{}\n{}", a.text(), b.text());
+    let (during, after) = (share(during, "a beside the working neighbour", &ctx), share(after, "a after the neighbour went idle", &ctx));
+    eprintln!("alone {base:.0}/s; soft-capped container: {alone:.1}% alone, {during:.1}% beside a working neighbour, {after:.1}% after it went idle");
+    assert!((alone - 60.0).abs() <= 10.0, "hard cap 15, soft cap 60, alone on the GPU: {alone:.1}% of the uncapped rate\n{ctx}");
+    assert!(during <= 25.0, "hard cap 15, soft cap 60, beside a container with work: {during:.1}%\n{ctx}");
+    assert!((after - 60.0).abs() <= 10.0, "hard cap 15, soft cap 60, after the neighbour went idle: {after:.1}%\n{ctx}");
+    b.stop();
+    a.stop();
 }
