@@ -75,6 +75,19 @@ fn sleep_until(t: Instant) {
     }
 }
 
+/// `watched`'s per-second rates while `requests` (a `test_requests` run with `--idle-seconds`)
+/// serves and after it went idle: each window starts `settle` after the change (monitor ticks,
+/// the last held launches), the second one ends `until` after it went idle.
+fn busy_then_idle(watched: &Bg, requests: &mut Bg, settle: Duration, until: Duration) -> (Vec<f64>, Vec<f64>) {
+    requests.wait_line("serving=1", Duration::from_secs(10));
+    let t = Instant::now();
+    requests.wait_line("idle=1", Duration::from_secs(15));
+    let idle_at = Instant::now();
+    let during = watched.rates(t + settle, idle_at);
+    sleep_until(idle_at + until);
+    (during, watched.rates(idle_at + settle, Instant::now()))
+}
+
 #[test]
 #[serial(mock_gpu_timing)]
 fn high_priority_requests_are_not_delayed_by_a_low_priority_saturating_container() {
@@ -105,13 +118,7 @@ fn low_priority_holds_while_the_high_priority_one_works_and_resumes_when_it_goes
     let before = mean(&low.rates(Instant::now() - Duration::from_secs(3), Instant::now()), "low rate alone");
     // Busy back to back (5 ms requests, no pause) for 4 s, then idle but alive.
     let mut high = Bg::spawn(requests(&s, "hi", 0, 5000, 0, 4, &["--idle-seconds", "6"]), "high priority");
-    high.wait_line("serving=1", Duration::from_secs(10));
-    let t = Instant::now();
-    high.wait_line("idle=1", Duration::from_secs(15));
-    let idle_at = Instant::now();
-    let during = low.rates(t + Duration::from_millis(1100), idle_at);
-    sleep_until(idle_at + Duration::from_millis(3200));
-    let after = low.rates(idle_at + Duration::from_millis(1100), Instant::now());
+    let (during, after) = busy_then_idle(&low, &mut high, Duration::from_millis(1100), Duration::from_millis(3200));
     eprintln!("low priority: {before:.0}/s alone, {during:?} while the high one works, {after:?} after it went idle");
     let ctx = format!("{}\n{}", low.text(), high.text());
     let during = mean(&during, &format!("low rates while the high one works\n{ctx}"));
@@ -486,13 +493,7 @@ fn the_soft_cap_gives_way_while_another_container_works_and_comes_back_after() {
     let alone = share(a.rates(Instant::now() - Duration::from_millis(2500), Instant::now()), "a alone", &a.text());
     // The neighbour: 1 ms requests back to back for 5 s, then idle but alive.
     let mut b = Bg::spawn(requests(&s, "b", 1, 1000, 0, 5, &["--idle-seconds", "8"]), "neighbour");
-    b.wait_line("serving=1", Duration::from_secs(10));
-    let t = Instant::now();
-    b.wait_line("idle=1", Duration::from_secs(15));
-    let idle_at = Instant::now();
-    let during = a.rates(t + Duration::from_millis(1500), idle_at);
-    sleep_until(idle_at + Duration::from_millis(5000));
-    let after = a.rates(idle_at + Duration::from_millis(2500), Instant::now());
+    let (during, after) = busy_then_idle(&a, &mut b, Duration::from_millis(2500), Duration::from_millis(5000));
     let ctx = format!("{}\n{}", a.text(), b.text());
     let (during, after) = (share(during, "a beside the working neighbour", &ctx), share(after, "a after the neighbour went idle", &ctx));
     eprintln!("alone {base:.0}/s; soft-capped container: {alone:.1}% alone, {during:.1}% beside a working neighbour, {after:.1}% after it went idle");
