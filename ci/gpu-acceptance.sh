@@ -17,6 +17,7 @@
 set -u
 case "${1:-}" in 1 | 2 | 3 | 4) ;; *) sed -n '2,16p' "$0"; exit 2 ;; esac
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 export DIST
 echo "commit=$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown) part=${1:-?}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

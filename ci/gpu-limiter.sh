@@ -7,6 +7,7 @@
 #   sections: overhead multiproc containers priorities runtime train (default all)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 S=$DIST/samples
 T=$DIST/tools
 SECS=${SECS:-6}

@@ -25,6 +25,7 @@
 # the driver's own bookkeeping moves a little); the host delta itself never above the cap.
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 S=$DIST/samples
 PY=$DIST/bench/py
 DEVICE=0

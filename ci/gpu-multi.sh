@@ -12,6 +12,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 S=$DIST/samples
 PY=$DIST/bench/py
 LIB=$DIST/libvgpu.so

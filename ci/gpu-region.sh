@@ -11,6 +11,7 @@
 # Env: PYTHON (default python3), GPU_REGION_TOL_MIB (default 128: region vs NVML while running).
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 PY=${PYTHON:-python3}
 TOL=$(( ${GPU_REGION_TOL_MIB:-128} * 1048576 ))
 WORK=$(mktemp -d /tmp/gpu-region.XXXXXX)

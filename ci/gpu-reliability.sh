@@ -6,6 +6,7 @@
 # processes' real usage as host NVML reports it (hook off).
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 S=$DIST/samples
 N=${1:-50}
 WORK=$(mktemp -d /tmp/gpu-rel.XXXXXX)

@@ -11,6 +11,7 @@
 #                                     bench/py/trace_overlap.py; $LIBVGPU picks the library)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 export DIST
 S=$DIST/samples
 PY="python3 $DIST/bench/py/share.py"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the CUDA-runtime benchmarks on the GPU machine (needs nvcc; targets sm_90 = H100/H200).
-# Output: bench/gpu/bin/{runtime_launch,call_cost} next to this script. Usage: bench/gpu/build.sh [nvcc args]
+# Output: bench/gpu/bin/{runtime_launch,call_cost,tsg_probe.so} next to this script. Usage: bench/gpu/build.sh [nvcc args]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -12,3 +12,6 @@ mkdir -p "$here/bin"
 echo "built=$here/bin/runtime_launch"
 "$NVCC" -O2 -arch=sm_90 -o "$here/bin/call_cost" "$here/call_cost.cu" -lcuda "$@"
 echo "built=$here/bin/call_cost"
+# The channel-group probe (bench/py/timeslice_probe.py preloads it): plain C, the host compiler.
+"${CC:-cc}" -shared -fPIC -O2 -o "$here/bin/tsg_probe.so" "$here/tsg_probe.c" -ldl -lpthread
+echo "built=$here/bin/tsg_probe.so"

@@ -16,6 +16,7 @@ kind = sys.argv[1]
 secs = float(sys.argv[2]) if len(sys.argv) > 2 else 8
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 wl = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads.py"), kind]
+lib = hook_lib()  # before the first run: a missing library stops here, not after the hook-off one
 nvml = Nvml()
 rates = {"off": [], "nocap": [], "cap99": []}
 utils = {m: [] for m in rates}
@@ -24,7 +25,7 @@ for _ in range(rounds):
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
         env.pop("LD_PRELOAD", None)
         if mode != "off":
-            env.update(LD_PRELOAD=hook_lib(), CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="gc-"))
+            env.update(LD_PRELOAD=lib, CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="gc-"))
         if mode == "cap99":
             env["CUDA_DEVICE_SM_LIMIT"] = "99"
         p = Proc(wl, env)

@@ -7,7 +7,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, hook_lib, Nvml, own_busy_ns  # noqa: E402
+from share import hook_lib, Nvml, own_busy_ns  # noqa: E402
 
 cap, secs = sys.argv[1], float(sys.argv[2])
 cmd = sys.argv[sys.argv.index("--") + 1:]

@@ -41,14 +41,17 @@ def env(prio, tag):
 
 
 def service(prio, mode):
-    run = subprocess.run(SERVICE, env=env(prio, "svc"), capture_output=True, text=True, check=True)
+    run = subprocess.run(SERVICE, env=env(prio, "svc"), capture_output=True, text=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"priority-service-{mode}.log"), "a") as f:
             f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith("[libvgpu"))
+    if run.returncode != 0:
+        sys.exit(f"priority.py: the service ({mode}) exited with {run.returncode}: {run.stderr[-2000:]}")
     rec = {}
     for kind in ("service ", "service_parts "):
         for line in [x for x in run.stdout.splitlines() if x.startswith(kind)][-1:]:
-            rec.update({k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
+            # nan (an empty group) is kept as null: the record stays strict JSON.
+            rec.update({k: None if v == "nan" else float(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
     return rec
 
 
@@ -125,9 +128,10 @@ if "priority" in rec:
     print(f"priority summary trainers={TRAINERS} p99_ratio={rec['p99_ratio']} ok_p99={rec['ok_p99']} "
           f"training_keeps={rec['priority']['training_keeps']} ok_training={rec['ok_training']}", flush=True)
     # Where the latency went (service.py's service_parts), alone -> with priority.
-    parts = [k for k in ("queued_p99_ms", "gpu_p99_ms", "outside_p99_ms", "fresh_gpu_p99_ms", "fresh_outside_p99_ms") if k in alone]
-    if parts:
-        print("priority parts " + " ".join(f"{k}={alone[k]:.3f}->{rec['priority']['service'].get(k, float('nan')):.3f}" for k in parts), flush=True)
+    keys = ("fresh_lat_p99_ms", "queued_lat_p99_ms", "tail", "tail_fresh", "tail_queued_ms", "tail_gpu_ms", "tail_outside_ms")
+    show = lambda v: "nan" if v is None else f"{v:g}"  # noqa: E731
+    if "tail" in alone:
+        print("priority parts " + " ".join(f"{k}={show(alone.get(k))}->{show(rec['priority']['service'].get(k))}" for k in keys), flush=True)
 if os.environ.get("OUT"):
     with open(os.path.join(os.environ["OUT"], "priority.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")

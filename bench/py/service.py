@@ -6,8 +6,10 @@ and `service_parts`: where the latency went, per request: `queued` (arrived whil
 one was still being served: waited behind it on the CPU), `gpu` (from the GPU reaching the
 request's first kernel to its last one ending, CUDA events: the request's own run, with whatever
 ran between its kernels), `outside` (launch to result minus `gpu`: the launch, the wait for the GPU
-to switch to us, the synchronize's wake-up); p50/p99 of each, over all requests and over the
-requests that arrived to an idle service (`fresh_`)."""
+to switch to us, the synchronize's wake-up). It gives the latency p50/p99 of the requests that
+arrived to an idle service (`fresh_lat_`) and of the others (`queued_lat_`); p50/p99 of each
+part; and the tail, the requests at or above the latency p99: how many, how many of them fresh,
+and the mean of each part over them (`tail_`). nan where a group is empty."""
 import random
 import sys
 import time
@@ -41,7 +43,7 @@ while arrival - t0 < secs:
     done = time.monotonic()
     gpu = ev0.elapsed_time(ev1)
     lat.append((done - arrival) * 1e3)
-    parts.append(dict(queued=(launch - arrival) * 1e3, gpu=gpu, outside=(done - launch) * 1e3 - gpu, fresh=arrival > now))
+    parts.append(dict(lat=lat[-1], queued=(launch - arrival) * 1e3, gpu=gpu, outside=(done - launch) * 1e3 - gpu, fresh=arrival > now))
 
 
 def pct(xs, q):
@@ -49,15 +51,22 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def avg(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 p = lambda q: pct(lat, q)  # noqa: E731
-print(f"service requests={len(lat)} p50_ms={p(0.50):.2f} p90_ms={p(0.90):.2f} p99_ms={p(0.99):.2f} max_ms={max(lat):.2f} "
-      f"busy_ms_per_req={busy_ms:.2f}", flush=True)
+print(f"service requests={len(lat)} p50_ms={p(0.50):.2f} p90_ms={p(0.90):.2f} p99_ms={p(0.99):.2f} "
+      f"max_ms={max(lat, default=float('nan')):.2f} busy_ms_per_req={busy_ms:.2f}", flush=True)
 fresh = [x for x in parts if x["fresh"]]
-line = f"service_parts fresh={len(fresh)}"
+queued = [x for x in parts if not x["fresh"]]
+tail = [x for x in parts if x["lat"] >= p(0.99)]
+line = f"service_parts fresh={len(fresh)} queued={len(queued)}"
+for name, group in (("fresh_lat", fresh), ("queued_lat", queued)):
+    line += f" {name}_p50_ms={pct([x['lat'] for x in group], 0.50):.3f} {name}_p99_ms={pct([x['lat'] for x in group], 0.99):.3f}"
 for k in ("queued", "gpu", "outside"):
-    for q in (0.50, 0.99):
-        line += f" {k}_p{int(q * 100)}_ms={pct([x[k] for x in parts], q):.3f}"
-for k in ("gpu", "outside"):
-    for q in (0.50, 0.99):
-        line += f" fresh_{k}_p{int(q * 100)}_ms={pct([x[k] for x in fresh], q):.3f}"
+    line += f" {k}_p50_ms={pct([x[k] for x in parts], 0.50):.3f} {k}_p99_ms={pct([x[k] for x in parts], 0.99):.3f}"
+line += f" tail={len(tail)} tail_fresh={sum(x['fresh'] for x in tail)}"
+for k in ("queued", "gpu", "outside"):
+    line += f" tail_{k}_ms={avg([x[k] for x in tail]):.3f}"
 print(line, flush=True)

@@ -1,7 +1,7 @@
 """Does shortening a training process's own channel-group timeslice bound how long a latency
 service beside it waits? (issue 14: GPT-2's 2-3.3 ms GEMMs delay a request arriving while one
 runs; the GPU time-slices contexts only when a timeslice, ~2 ms by default, expires.)
-No libvgpu: the training runs under bench/gpu/tsg_probe.so (TSG_TIMESLICE_US), the service
+No libvgpu: the training runs under bench/gpu/bin/tsg_probe.so (TSG_TIMESLICE_US; bench/gpu/build.sh), the service
 (service.py) plain. For each training command and timeslice: the service's p50/p99 and the
 training's rate beside it, against the service alone and the training alone.
 usage: timeslice_probe.py SECONDS TIMESLICES(comma, 0 = driver default) -- TRAINING COMMAND
@@ -33,8 +33,13 @@ def service():
     return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
 
 
+PROBE = f"{DIST}/bench/gpu/bin/tsg_probe.so"
+if not os.path.isfile(PROBE):
+    sys.exit(f"error=no_probe_library path={PROBE} (build it: {DIST}/bench/gpu/build.sh)")
+
+
 def training(us):
-    kv = dict(LD_PRELOAD=f"{DIST}/tsg_probe.so")
+    kv = dict(LD_PRELOAD=PROBE)
     if us:
         kv["TSG_TIMESLICE_US"] = str(us)
     t = Proc(train_cmd, plain_env(**kv))
