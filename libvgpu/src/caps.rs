@@ -16,9 +16,9 @@ pub(crate) static GATE: AtomicBool = AtomicBool::new(false);
 /// A launch happened since the monitor last looked (last-kernel-time without a clock read).
 pub(crate) static LAUNCHED: AtomicBool = AtomicBool::new(false);
 
-/// The launch path: note a launch. Written only when it is not already noted (once per monitor
-/// tick), so threads launching side by side share the line with `GATE` read-only instead of
-/// taking it from each other at every launch.
+/// The launch path: note a launch. Written only when it is not already noted (at most once per
+/// monitor publish, which clears it), so threads launching side by side can share the line with
+/// `GATE` read-only instead of taking it from each other at every launch.
 #[inline]
 pub(crate) fn note_launch() {
     if !LAUNCHED.load(Relaxed) {

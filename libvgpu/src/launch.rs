@@ -2,7 +2,7 @@
 //!
 //! Every kernel/graph launch shim calls `before_launch` then `after_launch`; every synchronize
 //! shim calls `after_sync`. With no cap and no suspend anywhere, `before_launch` is two relaxed
-//! loads (and a store once per monitor tick; no lock, no clock, no syscall): `GATE` is refreshed by the monitor
+//! loads (and a store at most once per monitor publish; no lock, no clock, no syscall): `GATE` is refreshed by the monitor
 //! thread from the shared region, so a cap set at run time takes effect within its period.
 //!
 //! Gated, a launch waits while the policy says so (nothing locked meanwhile), and a timing event
