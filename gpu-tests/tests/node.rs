@@ -503,3 +503,29 @@ fn the_soft_cap_gives_way_while_another_container_works_and_comes_back_after() {
     b.stop();
     a.stop();
 }
+
+/// Soft caps share what the hard caps leave (issue 14: work-conserving caps): two containers of
+/// one priority, each capped 25 with a soft cap of 60, both saturating, get half the GPU each
+/// (their turns and their caps both follow `policy::caps::soft_shares`), where the rule "the soft
+/// cap only while nobody else has work" held them at 25 each and left half the GPU idle.
+/// Bounds as the turns test's (each within 6 points, 88% of one container's work together).
+#[test]
+#[serial(mock_gpu_timing)]
+fn two_soft_capped_containers_share_what_their_hard_caps_leave() {
+    let base = alone_rate(&[]);
+    let s = Scratch::new("node-soft-two");
+    let caps = [("CUDA_DEVICE_SM_LIMIT", "25"), ("CUDA_CORE_SOFT_LIMIT", "60")];
+    let mut a = Bg::spawn(saturating(&s, "a", 1, 1, &caps), "container a");
+    let b = Bg::spawn(saturating(&s, "b", 1, 1, &caps), "container b");
+    a.wait_line("second=3 ", Duration::from_secs(10));
+    let t = Instant::now();
+    sleep_until(t + Duration::from_millis(3000));
+    let (ra, rb) = (a.rates(t, Instant::now()), b.rates(t, Instant::now()));
+    let ctx = format!("{}\n{}", a.text(), b.text());
+    let (sa, sb) = (100.0 * mean(&ra, &format!("a\n{ctx}")) / base, 100.0 * mean(&rb, &format!("b\n{ctx}")) / base);
+    eprintln!("alone {base:.0}/s; two containers capped 25, soft 60: a {sa:.1}%, b {sb:.1}%");
+    assert!((sa - 50.0).abs() <= 6.0 && (sb - 50.0).abs() <= 6.0, "each should get half the GPU: {sa:.1}% and {sb:.1}%\n{ctx}");
+    assert!(sa + sb >= 88.0, "together {:.1}% of one container's work\n{ctx}", sa + sb);
+    a.stop();
+    b.stop();
+}

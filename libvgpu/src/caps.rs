@@ -54,14 +54,14 @@ fn low_priority_paused(rt: &Runtime, ps: &ProcState) -> bool {
 }
 
 /// The share `dev` may use right now (`policy::caps::effective_cap`): the live region's caps, the
-/// soft cap allowed while no other tenant uses the GPU (the node file's view when there is one,
-/// else NVML's).
+/// soft cap as far as the other tenants leave room (the node file's view when there is one: our
+/// part of what their caps leave; else NVML's: all of it while no other tenant uses the GPU).
 pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPercent {
     policy::effective_cap(
         rt.config.policy,
         || ps.region.sm_limit(dev),
         || ps.region.utilization_switch(),
-        || vgpu_core::node::soft_cap_allowed(crate::node::others_busy(dev), OTHERS_IDLE[dev].load(Relaxed)),
+        || vgpu_core::node::soft_ceiling_now(crate::node::soft_ceiling(dev), OTHERS_IDLE[dev].load(Relaxed)),
         || ps.region.soft_sm_limit(dev),
     )
 }

@@ -34,7 +34,7 @@ pub(crate) fn start(rt: &'static Runtime) {
         // The node view too, before the program's next launch: the thread's first round may
         // come late on a loaded machine, and launches before it went ungated (a program that
         // never synchronizes queued ~2 s of 20 ms kernels beside a higher priority on the mock).
-        crate::node::refresh(rt, ps, caps(ps), false, GATE.load(Relaxed));
+        crate::node::refresh(rt, ps, caps(rt, ps), false, GATE.load(Relaxed));
         refresh_gate(rt, ps);
     }
     vgpu_core::clock::calibrate();
@@ -49,8 +49,14 @@ pub(crate) fn start(rt: &'static Runtime) {
 }
 
 /// Device d's cap and soft cap, as the node file carries them.
-fn caps(ps: &ProcState) -> impl Fn(usize) -> (Option<u32>, Option<u32>) + '_ {
-    |d| (ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100), ps.region.soft_sm_limit(d))
+fn caps<'a>(rt: &'a Runtime, ps: &'a ProcState) -> impl Fn(usize) -> (Option<u32>, Option<u32>) + 'a {
+    move |d| {
+        let hard = ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100);
+        // A soft cap we may not use (policy `force`, or HAMi demands the hard cap) is not one to
+        // be given a share of the spare GPU for.
+        let soft_usable = rt.config.policy == vgpu_core::config::UtilPolicy::Default && ps.region.utilization_switch() != 1;
+        (hard, ps.region.soft_sm_limit(d).filter(|_| soft_usable))
+    }
 }
 
 pub(crate) fn after_fork_child() {
@@ -83,7 +89,7 @@ fn run(rt: &'static Runtime) {
         if when.upkeep {
             region_upkeep(ps);
         }
-        crate::node::refresh(rt, ps, caps(ps), LAUNCHED.load(Relaxed), GATE.load(Relaxed));
+        crate::node::refresh(rt, ps, caps(rt, ps), LAUNCHED.load(Relaxed), GATE.load(Relaxed));
         refresh_gate(rt, ps);
         if !when.publish {
             continue;

@@ -42,8 +42,8 @@ static HIGHER_WORKING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(fals
 static SHARED: AtomicBool = AtomicBool::new(false);
 /// A lower-priority container shares device d: declare our work.
 static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// Another container on device d has work (soft cap withheld); meaningful while attached.
-static OTHERS_BUSY: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// How far our soft cap may reach on device d (`node::soft_ceiling`); meaningful while attached.
+static SOFT_CEILING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Per device: 0 not tried, 1 attached, 2 off (no directory, refused, full, failed).
 static STATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// The pid that decided `STATE` (a forked child decides again).
@@ -80,10 +80,10 @@ fn defer(dev: usize) -> bool {
     DEFER.get(dev).is_some_and(|d| d.load(Relaxed))
 }
 
-/// Does another container on `dev` have work, by the node view? `None`: no node file for this
-/// GPU (the soft cap follows NVML's view, as before).
-pub(crate) fn others_busy(dev: usize) -> Option<bool> {
-    (STATE.get(dev)?.load(Relaxed) == 1).then(|| OTHERS_BUSY[dev].load(Relaxed))
+/// How far our soft cap may reach on `dev`, by the node view (`node::soft_ceiling`). `None`: no
+/// node file for this GPU (the soft cap follows NVML's view, as before).
+pub(crate) fn soft_ceiling(dev: usize) -> Option<u32> {
+    (STATE.get(dev)?.load(Relaxed) == 1).then(|| SOFT_CEILING[dev].load(Relaxed))
 }
 
 /// What this process keeps queued at most on `dev` (`tsg::short`: a new channel group clears
@@ -170,7 +170,7 @@ fn detach(dev: usize) {
     DEFER[dev].store(false, Relaxed);
     HIGHER_WORKING[dev].store(false, Relaxed);
     ANNOUNCE[dev].store(false, Relaxed);
-    OTHERS_BUSY[dev].store(false, Relaxed);
+    SOFT_CEILING[dev].store(0, Relaxed);
     TURN[dev].store(0, Relaxed);
     STATE[dev].store(2, Relaxed);
     // The leaked entry keeps its lock until exit; readers ignore it once its heartbeat stops.
@@ -191,7 +191,7 @@ fn attach(rt: &Runtime, ps: &ProcState) {
         DEFER[dev].store(false, Relaxed);
         HIGHER_WORKING[dev].store(false, Relaxed);
         ANNOUNCE[dev].store(false, Relaxed);
-        OTHERS_BUSY[dev].store(false, Relaxed);
+        SOFT_CEILING[dev].store(0, Relaxed);
         TURN[dev].store(0, Relaxed);
         STATE[dev].store(2, Relaxed);
         OWN_LAUNCH[dev].store(0, Relaxed); // a forked child's entry says what the child did
@@ -255,10 +255,10 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         let p: Peers = node::peers(&slots, container, rt.config.priority, now);
         DEFER[dev].store(p.higher, Relaxed);
         HIGHER_WORKING[dev].store(p.higher_working, Relaxed);
-        let turn = node::turn(&slots, container, rt.config.priority, cap, now);
+        let turn = node::turn(&slots, container, rt.config.priority, (cap, soft), now);
         TURN[dev].store(turn.map_or(0, |t| (t.offset_ns / 1000) << 32 | (t.len_ns / 1000).max(1)), Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
-        OTHERS_BUSY[dev].store(p.others_busy, Relaxed);
+        SOFT_CEILING[dev].store(node::soft_ceiling(&slots, container, (cap.unwrap_or(0), soft.unwrap_or(0)), now), Relaxed);
         gpus[dev].1 = Some(Seen { higher: p.higher, slots, n });
         if reap {
             n.file.reap(Some(n.idx));

@@ -361,9 +361,6 @@ pub struct Peers {
     pub higher_working: bool,
     /// A live container of lower priority is on the GPU: declare our work so it can hold.
     pub lower: bool,
-    /// Some other live container has work (busy, launched within `RECENT_NS`, or utilization
-    /// reported): no soft cap.
-    pub others_busy: bool,
     /// Other live containers seen.
     pub others: usize,
     /// Entries ignored as corrupt.
@@ -391,7 +388,6 @@ pub fn peers(slots: &[Slot], me: u64, my_priority: i32, now: u64) -> Peers {
             seen.push(e.container);
         }
         let prio = priority_of(e);
-        p.others_busy |= has_work(e, now);
         if prio < mine {
             p.higher = true;
             p.higher_busy |= busy(e, now);
@@ -439,15 +435,16 @@ impl Turn {
     }
 }
 
-/// Our turn, when container `me` (priority `my_priority`, hard cap `my_cap`) shares the GPU with
-/// other live containers of its priority that have a hard cap (1..=99) and launched within
-/// `TURN_RECENT_NS`: ordered by container id, each gets its cap's share of the period, one after
-/// another. `None`: we are not capped, no such other container is there, or the caps add up to
-/// more than 100.
-pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_cap: Option<u32>, now: u64) -> Option<Turn> {
-    let my_cap = my_cap.filter(|c| (1..100).contains(c))?;
+/// Our turn, when container `me` (priority `my_priority`, hard and soft cap `my_caps`) shares
+/// the GPU with other live containers of its priority that have a hard cap (1..=99) and launched
+/// within `TURN_RECENT_NS`: ordered by container id, each gets its share of the period, one after
+/// another: its hard cap, plus its part of what the hard caps leave when soft caps are set
+/// (`policy::caps::soft_shares`). `None`: we are not capped, no such other container is there,
+/// or the hard caps add up to more than 100.
+pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_caps: (Option<u32>, Option<u32>), now: u64) -> Option<Turn> {
+    let my_cap = my_caps.0.filter(|c| (1..100).contains(c))?;
     let mine = my_priority.clamp(0, MAX_PRIORITY);
-    let mut parts: Vec<(u64, u32)> = vec![(me, my_cap)];
+    let mut parts: Vec<(u64, u32, u32)> = vec![(me, my_cap, my_caps.1.unwrap_or(0))];
     for s in slots {
         let Slot::Used(e) = s else { continue };
         let recent = within(e.last_launch_ns, now, TURN_RECENT_NS);
@@ -455,8 +452,8 @@ pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_cap: Option<u32>, now:
             continue;
         }
         match parts.iter_mut().find(|p| p.0 == e.container) {
-            Some(p) => p.1 = p.1.max(e.cap),
-            None => parts.push((e.container, e.cap)),
+            Some(p) => (p.1, p.2) = (p.1.max(e.cap), p.2.max(e.soft_cap)),
+            None => parts.push((e.container, e.cap, e.soft_cap)),
         }
     }
     if parts.len() < 2 {
@@ -468,10 +465,11 @@ pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_cap: Option<u32>, now:
         return None;
     }
     parts.sort();
+    let shares = crate::policy::caps::soft_shares(&parts.iter().map(|p| (p.1, p.2)).collect::<Vec<_>>());
     let mut offset = 0;
-    for (c, cap) in parts {
-        let len = TURN_PERIOD_NS * cap as u64 / 100;
-        if c == me {
+    for (p, share) in parts.iter().zip(shares) {
+        let len = TURN_PERIOD_NS * share as u64 / 100;
+        if p.0 == me {
             return Some(Turn { offset_ns: offset, len_ns: len });
         }
         offset += len;
@@ -484,14 +482,38 @@ pub fn declare_until(now: u64, queued_est_ns: u64) -> u64 {
     now + queued_est_ns.min(MAX_DECLARE_NS) + DECLARE_SLACK_NS
 }
 
-/// May the soft cap apply? With a node view (`node_others_busy`, from `Peers::others_busy`):
-/// when no other container there has work; without one, as before (`nvml_others_idle`, from
-/// NVML's process list and utilization).
-pub fn soft_cap_allowed(node_others_busy: Option<bool>, nvml_others_idle: bool) -> bool {
-    match node_others_busy {
-        Some(busy) => !busy,
-        None => nvml_others_idle,
+/// How far our soft cap may reach now (`policy::effective_cap`'s ceiling): with a node view, our
+/// share of the spare GPU (`soft_ceiling`); without one, all of it while NVML sees no other
+/// tenant busy, else nothing.
+pub fn soft_ceiling_now(node: Option<u32>, nvml_others_idle: bool) -> u32 {
+    node.unwrap_or(if nvml_others_idle { 100 } else { 0 })
+}
+
+/// Our share (`policy::caps::soft_shares`, 100 when no other container has work) among the live
+/// containers with work on the GPU, `me` (hard and soft cap `my_caps`) counted as one of them.
+/// Each other container takes its entries' largest caps (an uncapped process of it: the whole
+/// GPU). The containers are ordered by id, so every one of them computes the same split. A
+/// lying entry can take the spare from us, never our hard cap.
+pub fn soft_ceiling(slots: &[Slot], me: u64, my_caps: (u32, u32), now: u64) -> u32 {
+    let hard = |h: u32| if (1..100).contains(&h) { h } else { 100 };
+    let mut parts: Vec<(u64, u32, u32)> = vec![(me, my_caps.0, my_caps.1)];
+    for s in slots {
+        let Slot::Used(e) = s else { continue };
+        if e.container == me || !live(e, now) || !has_work(e, now) {
+            continue;
+        }
+        match parts.iter_mut().find(|p| p.0 == e.container) {
+            Some(p) => (p.1, p.2) = (hard(p.1).max(hard(e.cap)), p.2.max(e.soft_cap)),
+            None => parts.push((e.container, e.cap, e.soft_cap)),
+        }
     }
+    if parts.len() == 1 {
+        return 100;
+    }
+    parts.sort_by_key(|p| p.0);
+    let caps: Vec<(u32, u32)> = parts.iter().map(|p| (p.1, p.2)).collect();
+    let mine = parts.iter().position(|p| p.0 == me).unwrap_or(0);
+    crate::policy::caps::soft_shares(&caps)[mine]
 }
 
 /// May a claimer take entry `s` once it holds the entry's lock byte (so no owner lives)?

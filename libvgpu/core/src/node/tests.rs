@@ -105,21 +105,21 @@ fn peers_sees_higher_and_lower_busy_and_idle() {
     let me = 30;
     let slots = [Slot::Used(hi), Slot::Used(lo), Slot::Free, Slot::Corrupt, Slot::Used(entry(me, 1))];
     let p = peers(&slots, me, 1, now);
-    assert!(p.higher && p.higher_busy && p.higher_working && p.lower && p.others_busy);
+    assert!(p.higher && p.higher_busy && p.higher_working && p.lower && others_work(&slots, me, now));
     assert_eq!((p.others, p.corrupt), (2, 1));
     // The high one goes idle: no hold; still "higher" (keep gating, ready for its next request).
     let idle = Entry { active_until_ns: now, ..hi };
     let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
-    assert!(p.higher && !p.higher_busy && p.higher_working && !p.others_busy, "its work just ended: it works lately");
+    assert!(p.higher && !p.higher_busy && p.higher_working && !others_work(&[Slot::Used(idle), Slot::Used(lo)], me, now), "its work just ended: it works lately");
     let idle = Entry { active_until_ns: 0, ..hi };
     let p = peers(&[Slot::Used(idle), Slot::Used(lo)], me, 1, now);
-    assert!(p.higher && !p.higher_busy && !p.higher_working && !p.others_busy);
+    assert!(p.higher && !p.higher_busy && !p.higher_working && !others_work(&[Slot::Used(idle), Slot::Used(lo)], me, now));
     // Between requests (nothing declared, a launch 10 ms or 4 s ago) it still works; a minute
     // later not.
     for ago in [10 * MS, 4_000 * MS] {
         let between = Entry { last_launch_ns: now - ago, ..idle };
         let p = peers(&[Slot::Used(between)], me, 1, now);
-        assert!(p.higher && !p.higher_busy && p.higher_working && (ago > RECENT_NS || p.others_busy));
+        assert!(p.higher && !p.higher_busy && p.higher_working && (ago > RECENT_NS || others_work(&[Slot::Used(between)], me, now)));
     }
     let long_ago = Entry { last_launch_ns: now - 60_000 * MS, ..idle };
     assert!(!peers(&[Slot::Used(long_ago)], me, 1, now).higher_working);
@@ -133,8 +133,9 @@ fn peers_sees_higher_and_lower_busy_and_idle() {
     let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(me, 0) })], me, 1, now);
     assert_eq!(p, Peers::default());
     // Equal priority: neither holds the other.
-    let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(10, 1) })], me, 1, now);
-    assert!(!p.higher && !p.lower && p.others_busy);
+    let equal = [Slot::Used(Entry { active_until_ns: now + MS, ..entry(10, 1) })];
+    let p = peers(&equal, me, 1, now);
+    assert!(!p.higher && !p.lower && others_work(&equal, me, now));
     // Out-of-range priorities are clamped: -5 is 0, which does not outrank our 0.
     let p = peers(&[Slot::Used(Entry { active_until_ns: now + MS, ..entry(10, -5) })], me, 0, now);
     assert!(!p.higher_busy);
@@ -152,16 +153,44 @@ fn liveness_follows_the_heartbeat() {
     assert!(claimable(&Slot::Used(e), T + REAP_NS + 1));
 }
 
+/// Does another container of `slots` have work, as the soft cap sees it? (An uncapped one with
+/// work leaves no room above a hard cap of 25.)
+fn others_work(slots: &[Slot], me: u64, now: u64) -> bool {
+    soft_ceiling(slots, me, (25, 60), now) < 100
+}
+
 #[test]
 fn soft_cap_follows_the_node_view_when_there_is_one() {
-    assert!(!soft_cap_allowed(Some(true), true));
-    assert!(soft_cap_allowed(Some(false), false));
-    assert!(soft_cap_allowed(None, true));
-    assert!(!soft_cap_allowed(None, false));
+    assert_eq!(soft_ceiling_now(Some(40), true), 40);
+    assert_eq!(soft_ceiling_now(Some(100), false), 100);
+    assert_eq!(soft_ceiling_now(None, true), 100);
+    assert_eq!(soft_ceiling_now(None, false), 0);
     let recent = Entry { last_launch_ns: T - RECENT_NS / 2, ..entry(5, 1) };
-    assert!(peers(&[Slot::Used(recent)], 1, 1, T).others_busy);
+    assert!(others_work(&[Slot::Used(recent)], 1, T));
     let old = Entry { last_launch_ns: T - RECENT_NS - 1, ..entry(5, 1) };
-    assert!(!peers(&[Slot::Used(old)], 1, 1, T).others_busy);
+    assert!(!others_work(&[Slot::Used(old)], 1, T));
+}
+
+#[test]
+fn the_soft_cap_reaches_as_far_as_the_others_with_work_leave_room() {
+    let busy = |c: u64, cap: u32, soft: u32| Slot::Used(Entry { cap, soft_cap: soft, active_until_ns: T + MS, ..entry(c, 1) });
+    let me = 20;
+    // Alone, or beside containers without work: all of it.
+    assert_eq!(soft_ceiling(&[], me, (25, 60), T), 100);
+    assert_eq!(soft_ceiling(&[Slot::Used(entry(10, 1)), Slot::Free, Slot::Corrupt], me, (25, 60), T), 100);
+    // Beside one alike: half of what the hard caps leave each, whichever id is lower.
+    assert_eq!(soft_ceiling(&[busy(10, 25, 60)], me, (25, 60), T), 50);
+    assert_eq!(soft_ceiling(&[busy(30, 25, 60)], me, (25, 60), T), 50);
+    // Beside one capped 30 without a soft cap: our soft cap; beside an uncapped one: our hard cap.
+    assert_eq!(soft_ceiling(&[busy(10, 30, 0)], me, (25, 60), T), 60);
+    assert_eq!(soft_ceiling(&[busy(10, 0, 0)], me, (25, 60), T), 25);
+    // A container's processes count once, by their largest caps (an uncapped one: the GPU).
+    assert_eq!(soft_ceiling(&[busy(10, 25, 60), busy(10, 25, 60)], me, (25, 60), T), 50);
+    assert_eq!(soft_ceiling(&[busy(10, 25, 60), busy(10, 0, 0)], me, (25, 60), T), 25);
+    // Our own container's other processes are not others; a stale entry is not there.
+    assert_eq!(soft_ceiling(&[busy(me, 25, 60)], me, (25, 60), T), 100);
+    let stale = Slot::Used(Entry { heartbeat_ns: T - STALE_NS - 1, ..match busy(10, 0, 0) { Slot::Used(e) => e, _ => unreachable!() } });
+    assert_eq!(soft_ceiling(&[stale], me, (25, 60), T), 100);
 }
 
 #[test]
@@ -286,24 +315,32 @@ fn capped_containers_of_one_priority_take_turns_by_cap() {
     let now = T;
     let capped = |c: u64, cap: u32| Slot::Used(Entry { cap, last_launch_ns: now - MS, ..entry(c, 1) });
     // Alone, or uncapped ourselves: no turns.
-    assert_eq!(turn(&[], 30, 1, Some(50), now), None);
-    assert_eq!(turn(&[capped(10, 50)], 30, 1, None, now), None);
+    assert_eq!(turn(&[], 30, 1, (Some(50), None), now), None);
+    assert_eq!(turn(&[capped(10, 50)], 30, 1, (None, None), now), None);
     // 50/50: the lower container id first.
     let slots = [capped(10, 50), capped(30, 50)];
-    assert_eq!(turn(&slots, 10, 1, Some(50), now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
-    assert_eq!(turn(&slots, 30, 1, Some(50), now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&slots, 10, 1, (Some(50), None), now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&slots, 30, 1, (Some(50), None), now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
     // 30/60: a tenth of the period is nobody's. Caps adding up past 100: no turns (an entry
     // claiming cap 99 must not shrink our part below our cap).
-    let t = turn(&[capped(10, 30)], 30, 1, Some(60), now).unwrap();
+    let t = turn(&[capped(10, 30)], 30, 1, (Some(60), None), now).unwrap();
     assert_eq!((t.offset_ns, t.len_ns), (TURN_PERIOD_NS * 3 / 10, TURN_PERIOD_NS * 6 / 10));
-    assert_eq!(turn(&[capped(10, 99)], 30, 1, Some(50), now), None);
+    assert_eq!(turn(&[capped(10, 99)], 30, 1, (Some(50), None), now), None);
+    // Soft caps: what the hard caps leave is shared (25/60 and 25/60: half the period each);
+    // one without a soft cap keeps its hard cap's part, the other takes the rest up to its soft
+    // cap (30 and 25/60: 60).
+    let soft = |c: u64, cap: u32, soft_cap: u32| Slot::Used(Entry { cap, soft_cap, last_launch_ns: now - MS, ..entry(c, 1) });
+    assert_eq!(turn(&[soft(10, 25, 60)], 30, 1, (Some(25), Some(60)), now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&[soft(30, 25, 60)], 10, 1, (Some(25), Some(60)), now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
+    let t = turn(&[soft(10, 30, 0)], 30, 1, (Some(25), Some(60)), now).unwrap();
+    assert_eq!((t.offset_ns, t.len_ns), (TURN_PERIOD_NS * 3 / 10, TURN_PERIOD_NS * 6 / 10));
     // Not partners: another priority, uncapped, idle for a while, stale, or our own container.
     let other_prio = Slot::Used(Entry { cap: 50, last_launch_ns: now - MS, ..entry(10, 0) });
     let uncapped = Slot::Used(Entry { cap: 0, last_launch_ns: now - MS, ..entry(11, 1) });
     let idle = Slot::Used(Entry { cap: 50, last_launch_ns: now - TURN_RECENT_NS - 1, ..entry(12, 1) });
     let stale = Slot::Used(Entry { cap: 50, last_launch_ns: now - MS, heartbeat_ns: now - STALE_NS - 1, ..entry(13, 1) });
     let own = capped(30, 50);
-    assert_eq!(turn(&[other_prio, uncapped, idle, stale, own], 30, 1, Some(50), now), None);
+    assert_eq!(turn(&[other_prio, uncapped, idle, stale, own], 30, 1, (Some(50), None), now), None);
     // Waiting for our part (launches go TURN_LEAD_NS ahead of it): none inside, up to its start
     // outside.
     let t = Turn { offset_ns: 10 * MS, len_ns: 20 * MS };

@@ -3,7 +3,8 @@
 //! the region, call these, and write back what they return.
 //!
 //! * [`array`]: bytes of CUDA arrays, mipmapped arrays and pitched allocations.
-//! * [`caps`]: the share a device may use now, the priority pause, whether launches are gated.
+//! * [`caps`]: the share a device may use now, how soft caps share the spare GPU, the priority
+//!   pause, whether launches are gated.
 //! * [`context`]: what a context is charged, when a primary context is gone, refusing a context.
 //! * [`meminfo`]: the virtual device `cuMemGetInfo`, `cuDeviceTotalMem` and NVML report.
 //! * [`devmap`]: which container device an NVML device is, and which processes NVML may list.
