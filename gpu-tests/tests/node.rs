@@ -3,7 +3,7 @@
 //! higher-priority container has work queued or running, lower-priority ones hold new launches;
 //! they resume when it goes idle; a SIGKILLed one stops holding anyone within a second; a corrupt
 //! or symlinked node file costs one log line and leaves today's behaviour.
-//! A soft cap (`CUDA_CORE_SOFT_LIMIT`) applies while no other container of the node has work.
+//! A soft cap (`CUDA_CORE_SOFT_LIMIT`) reaches as far as the other containers with work leave room.
 //!
 //! Latencies and rates are measured on the mock's shared timeline (wall time of a launch +
 //! synchronize, kernels per second), with tolerances for a loaded 2-core machine.
@@ -478,8 +478,8 @@ fn a_long_kernel_keeps_its_process_entry_busy_after_the_launch() {
 /// a container capped 15 with a soft cap of 60 runs at its soft cap while no other container of
 /// the node has work, at most at its hard cap while one has, and at its soft cap again within a few
 /// seconds of that neighbour going idle (still alive, still in the node file). The neighbour is
-/// uncapped, one 1 ms request at a time: the GPU would give the soft-capped one about 42% (capped
-/// neighbours of one priority would take turns, which bound it by themselves). The neighbour's
+/// uncapped, one 1 ms request at a time: it takes the whole GPU's share, so nothing is left above
+/// the hard cap (the GPU itself would give the soft-capped one about 42%). The neighbour's
 /// kernels also delay its own, so beside it only an upper bound is judged. Tolerances as
 /// control.rs's share tests (±10 points on a loaded 2-core machine).
 #[test]
@@ -508,24 +508,53 @@ fn the_soft_cap_gives_way_while_another_container_works_and_comes_back_after() {
 /// one priority, each capped 25 with a soft cap of 60, both saturating, get half the GPU each
 /// (their turns and their caps both follow `policy::caps::soft_shares`), where the rule "the soft
 /// cap only while nobody else has work" held them at 25 each and left half the GPU idle.
-/// Bounds as the turns test's (each within 6 points, 88% of one container's work together).
+/// Bounds for a loaded 2-core machine, where one container's own rate swings 5-10% between runs:
+/// each at least 40 (the old rule gives 25), within 8 points of each other, 85% of one
+/// container's work together (the old rule: 50%).
 #[test]
 #[serial(mock_gpu_timing)]
 fn two_soft_capped_containers_share_what_their_hard_caps_leave() {
+    let caps: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "25"), ("CUDA_CORE_SOFT_LIMIT", "60")];
+    let (shares, ctx) = side_by_side("node-soft-two", &[("a", caps), ("b", caps)]);
+    let (sa, sb) = (shares[0], shares[1]);
+    eprintln!("two containers capped 25, soft 60: a {sa:.1}%, b {sb:.1}%");
+    assert!(sa >= 40.0 && sb >= 40.0 && (sa - sb).abs() <= 8.0, "each should get about half the GPU: {sa:.1}% and {sb:.1}%\n{ctx}");
+    assert!(sa + sb >= 85.0, "together {:.1}% of one container's work\n{ctx}", sa + sb);
+}
+
+/// A tenant the node file does not see (no node directory mounted for it, a full file, a
+/// process not under libvgpu) keeps its hard cap: the containers in the file share a spare only
+/// while NVML lists no compute process beyond their entries. Two containers in the file capped 20
+/// with soft caps of 100, beside one capped 60 outside it (the hard caps add up to 100): sharing
+/// the spare among the two took the outside one to 39-42% (a review's run); the rule without a
+/// node file keeps it at about 56%.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_tenant_outside_the_node_file_keeps_its_hard_cap() {
+    let soft: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "20"), ("CUDA_CORE_SOFT_LIMIT", "100")];
+    let outside: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "60"), ("VGPU_NODE_DIR", "")];
+    let (shares, ctx) = side_by_side("node-outside", &[("c", outside), ("a", soft), ("b", soft)]);
+    let (sc, sa, sb) = (shares[0], shares[1], shares[2]);
+    eprintln!("a {sa:.1}%, b {sb:.1}% (20, soft 100, in the file); c {sc:.1}% (60, outside it)");
+    assert!(sc >= 50.0, "the container outside the node file, capped 60, got {sc:.1}%\n{ctx}");
+    assert!(sa <= 30.0 && sb <= 30.0, "the containers in the file took a spare that was not there: {sa:.1}%, {sb:.1}%\n{ctx}");
+}
+
+/// Saturating containers (name, env) side by side on one mock GPU for 3 s after the first one's
+/// fourth second: each one's share of one container's rate alone, and their output.
+fn side_by_side(tag: &str, containers: &[(&str, &[(&str, &str)])]) -> (Vec<f64>, String) {
     let base = alone_rate(&[]);
-    let s = Scratch::new("node-soft-two");
-    let caps = [("CUDA_DEVICE_SM_LIMIT", "25"), ("CUDA_CORE_SOFT_LIMIT", "60")];
-    let mut a = Bg::spawn(saturating(&s, "a", 1, 1, &caps), "container a");
-    let b = Bg::spawn(saturating(&s, "b", 1, 1, &caps), "container b");
-    a.wait_line("second=3 ", Duration::from_secs(10));
+    let s = Scratch::new(tag);
+    let mut run: Vec<Bg> = containers.iter().map(|(name, env)| Bg::spawn(saturating(&s, name, 1, 1, env), name)).collect();
+    run[0].wait_line("second=4 ", Duration::from_secs(10));
     let t = Instant::now();
     sleep_until(t + Duration::from_millis(3000));
-    let (ra, rb) = (a.rates(t, Instant::now()), b.rates(t, Instant::now()));
-    let ctx = format!("{}\n{}", a.text(), b.text());
-    let (sa, sb) = (100.0 * mean(&ra, &format!("a\n{ctx}")) / base, 100.0 * mean(&rb, &format!("b\n{ctx}")) / base);
-    eprintln!("alone {base:.0}/s; two containers capped 25, soft 60: a {sa:.1}%, b {sb:.1}%");
-    assert!((sa - 50.0).abs() <= 6.0 && (sb - 50.0).abs() <= 6.0, "each should get half the GPU: {sa:.1}% and {sb:.1}%\n{ctx}");
-    assert!(sa + sb >= 88.0, "together {:.1}% of one container's work\n{ctx}", sa + sb);
-    a.stop();
-    b.stop();
+    let now = Instant::now();
+    let ctx = run.iter().map(Bg::text).collect::<Vec<_>>().join("\n");
+    let shares = run.iter().zip(containers).map(|(b, (name, _))| 100.0 * mean(&b.rates(t, now), &format!("{name}\n{ctx}")) / base).collect();
+    eprintln!("alone {base:.0}/s");
+    for b in run {
+        b.stop();
+    }
+    (shares, ctx)
 }

@@ -55,6 +55,11 @@ fn caps<'a>(rt: &'a Runtime, ps: &'a ProcState) -> impl Fn(usize) -> (Option<u32
         // A soft cap we may not use (policy `force`, or HAMi demands the hard cap) is not one to
         // be given a share of the spare GPU for.
         let soft_usable = rt.config.policy == vgpu_core::config::UtilPolicy::Default && ps.region.utilization_switch() != 1;
+        // Under `disable` the process runs uncapped: it says so (no cap), so that no one hands
+        // out a spare it takes, or turns it does not follow.
+        if rt.config.policy == vgpu_core::config::UtilPolicy::Disable {
+            return (None, None);
+        }
         (hard, ps.region.soft_sm_limit(d).filter(|_| soft_usable))
     }
 }
@@ -147,10 +152,12 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
     }
     let h = (*handle)? as crate::ffi::nvmlDevice_t;
     let gpu = crate::driver::nvml_gpu_util(h)?;
+    let listed = crate::driver::nvml_compute_processes(h).map(|p| p.len());
+    crate::node::gpu_processes(dev, listed);
     sig.update(Reading {
         device_util: gpu,
         own_util: (ps.region.limiter(dev).util_centi_percent.load(Relaxed) / 100) as u32,
-        device_processes: crate::driver::nvml_compute_processes(h).map(|p| p.len()),
+        device_processes: listed,
         own_processes: ps.region.live_slots().count(),
     });
     CONTENDED[dev].store(sig.contended, Relaxed);

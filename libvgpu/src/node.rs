@@ -42,8 +42,14 @@ static HIGHER_WORKING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(fals
 static SHARED: AtomicBool = AtomicBool::new(false);
 /// A lower-priority container shares device d: declare our work.
 static ANNOUNCE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// How far our soft cap may reach on device d (`node::soft_ceiling`); meaningful while attached.
+/// How far our soft cap may reach on device d (`node::soft_ceiling`; `NO_CEILING`: the file does
+/// not account for the GPU), and when a tick set it; meaningful while attached.
 static SOFT_CEILING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+static SOFT_CEILING_AT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+const NO_CEILING: u32 = u32::MAX;
+/// Compute processes NVML lists on device d (`NO_COUNT`: not known), from the monitor's readings.
+static GPU_PROCESSES: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(NO_COUNT) }; MAX_DEVICES];
+const NO_COUNT: u32 = u32::MAX;
 /// Per device: 0 not tried, 1 attached, 2 off (no directory, refused, full, failed).
 static STATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// The pid that decided `STATE` (a forked child decides again).
@@ -81,9 +87,26 @@ fn defer(dev: usize) -> bool {
 }
 
 /// How far our soft cap may reach on `dev`, by the node view (`node::soft_ceiling`). `None`: no
-/// node file for this GPU (the soft cap follows NVML's view, as before).
+/// node file for this GPU, or one that does not account for it (the soft cap follows NVML's
+/// view, as without one). A value no tick refreshed within `STALE_NS` (our monitor is stuck, and
+/// the others stopped counting us) gives no room above the hard cap.
 pub(crate) fn soft_ceiling(dev: usize) -> Option<u32> {
-    (STATE.get(dev)?.load(Relaxed) == 1).then(|| SOFT_CEILING[dev].load(Relaxed))
+    if STATE.get(dev)?.load(Relaxed) != 1 {
+        return None;
+    }
+    let ceiling = SOFT_CEILING[dev].load(Relaxed);
+    if ceiling == NO_CEILING {
+        return None;
+    }
+    let fresh = vgpu_core::clock::fast_now_ns().saturating_sub(SOFT_CEILING_AT[dev].load(Relaxed)) <= node::STALE_NS;
+    Some(if fresh { ceiling } else { 0 })
+}
+
+/// The monitor's reading of how many compute processes NVML lists on `dev`.
+pub(crate) fn gpu_processes(dev: usize, listed: Option<usize>) {
+    if let Some(a) = GPU_PROCESSES.get(dev) {
+        a.store(listed.map_or(NO_COUNT, |n| n.min(NO_COUNT as usize - 1) as u32), Relaxed);
+    }
 }
 
 /// What this process keeps queued at most on `dev` (`tsg::short`: a new channel group clears
@@ -255,10 +278,16 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         let p: Peers = node::peers(&slots, container, rt.config.priority, now);
         DEFER[dev].store(p.higher, Relaxed);
         HIGHER_WORKING[dev].store(p.higher_working, Relaxed);
-        let turn = node::turn(&slots, container, rt.config.priority, (cap, soft), now);
+        let listed = match GPU_PROCESSES[dev].load(Relaxed) {
+            NO_COUNT => None,
+            n => Some(n as usize),
+        };
+        let ceiling = node::soft_ceiling(&slots, container, (cap.unwrap_or(0), soft.unwrap_or(0)), now, listed);
+        let turn = node::turn(&slots, container, rt.config.priority, (cap, soft), ceiling.is_some(), now);
         TURN[dev].store(turn.map_or(0, |t| (t.offset_ns / 1000) << 32 | (t.len_ns / 1000).max(1)), Relaxed);
         ANNOUNCE[dev].store(p.lower, Relaxed);
-        SOFT_CEILING[dev].store(node::soft_ceiling(&slots, container, (cap.unwrap_or(0), soft.unwrap_or(0)), now), Relaxed);
+        SOFT_CEILING[dev].store(ceiling.unwrap_or(NO_CEILING), Relaxed);
+        SOFT_CEILING_AT[dev].store(vgpu_core::clock::fast_now_ns(), Relaxed);
         gpus[dev].1 = Some(Seen { higher: p.higher, slots, n });
         if reap {
             n.file.reap(Some(n.idx));

@@ -438,22 +438,24 @@ impl Turn {
 /// Our turn, when container `me` (priority `my_priority`, hard and soft cap `my_caps`) shares
 /// the GPU with other live containers of its priority that have a hard cap (1..=99) and launched
 /// within `TURN_RECENT_NS`: ordered by container id, each gets its share of the period, one after
-/// another: its hard cap, plus its part of what the hard caps leave when soft caps are set
-/// (`policy::caps::soft_shares`). `None`: we are not capped, no such other container is there,
-/// or the hard caps add up to more than 100.
-pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_caps: (Option<u32>, Option<u32>), now: u64) -> Option<Turn> {
+/// another: its hard cap, plus, where the file accounts for the GPU (`share_spare`, as for
+/// `soft_ceiling`), its part of what the hard caps leave (`policy::caps::soft_shares`). `None`:
+/// we are not capped, no such other container is there, or the hard caps add up to more than 100.
+pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_caps: (Option<u32>, Option<u32>), share_spare: bool, now: u64) -> Option<Turn> {
     let my_cap = my_caps.0.filter(|c| (1..100).contains(c))?;
     let mine = my_priority.clamp(0, MAX_PRIORITY);
-    let mut parts: Vec<(u64, u32, u32)> = vec![(me, my_cap, my_caps.1.unwrap_or(0))];
+    let my_soft = if share_spare { my_caps.1.unwrap_or(0) } else { 0 };
+    let mut parts: Vec<(u64, u32, u32)> = vec![(me, my_cap, my_soft)];
     for s in slots {
         let Slot::Used(e) = s else { continue };
         let recent = within(e.last_launch_ns, now, TURN_RECENT_NS);
         if e.container == me || !live(e, now) || priority_of(e) != mine || !(1..100).contains(&e.cap) || !recent {
             continue;
         }
+        let soft = if share_spare { e.soft_cap } else { 0 };
         match parts.iter_mut().find(|p| p.0 == e.container) {
-            Some(p) => (p.1, p.2) = (p.1.max(e.cap), p.2.max(e.soft_cap)),
-            None => parts.push((e.container, e.cap, e.soft_cap)),
+            Some(p) => (p.1, p.2) = (p.1.max(e.cap), p.2.max(soft)),
+            None => parts.push((e.container, e.cap, soft)),
         }
     }
     if parts.len() < 2 {
@@ -482,19 +484,33 @@ pub fn declare_until(now: u64, queued_est_ns: u64) -> u64 {
     now + queued_est_ns.min(MAX_DECLARE_NS) + DECLARE_SLACK_NS
 }
 
-/// How far our soft cap may reach now (`policy::effective_cap`'s ceiling): with a node view, our
-/// share of the spare GPU (`soft_ceiling`); without one, all of it while NVML sees no other
-/// tenant busy, else nothing.
+/// How far our soft cap may reach now (`policy::effective_cap`'s ceiling): with a node view
+/// that accounts for the GPU, our share of the spare (`soft_ceiling`); else all of it while NVML
+/// sees no other tenant busy, nothing otherwise (the rule without a node file).
 pub fn soft_ceiling_now(node: Option<u32>, nvml_others_idle: bool) -> u32 {
     node.unwrap_or(if nvml_others_idle { 100 } else { 0 })
 }
 
+/// Does the node file account for every process NVML lists on the GPU (`listed`; `None`: NVML
+/// cannot say)? Only then may the spare be shared by the file: a tenant missing from it (no node
+/// directory mounted, a full file, a process not under libvgpu, an entry gone stale) would lose
+/// its hard cap to the spare the others hand out among themselves.
+pub fn accounts_for(slots: &[Slot], listed: Option<usize>, now: u64) -> bool {
+    let entries = slots.iter().filter(|s| matches!(s, Slot::Used(e) if live(e, now))).count();
+    listed.is_some_and(|n| n <= entries)
+}
+
 /// Our share (`policy::caps::soft_shares`, 100 when no other container has work) among the live
-/// containers with work on the GPU, `me` (hard and soft cap `my_caps`) counted as one of them.
-/// Each other container takes its entries' largest caps (an uncapped process of it: the whole
-/// GPU). The containers are ordered by id, so every one of them computes the same split. A
-/// lying entry can take the spare from us, never our hard cap.
-pub fn soft_ceiling(slots: &[Slot], me: u64, my_caps: (u32, u32), now: u64) -> u32 {
+/// containers with work on the GPU, `me` (hard and soft cap `my_caps`) counted as one of them;
+/// `None` when the file does not account for the GPU (`accounts_for`). Each other container
+/// takes its entries' largest caps (an uncapped process of it: the whole GPU). The containers
+/// are ordered by id, so those that see the same work compute the same split (one that has just
+/// started counts itself before the others see its work: a tick or two). A lying entry can take
+/// the spare from us, never our hard cap.
+pub fn soft_ceiling(slots: &[Slot], me: u64, my_caps: (u32, u32), now: u64, listed: Option<usize>) -> Option<u32> {
+    if !accounts_for(slots, listed, now) {
+        return None;
+    }
     let hard = |h: u32| if (1..100).contains(&h) { h } else { 100 };
     let mut parts: Vec<(u64, u32, u32)> = vec![(me, my_caps.0, my_caps.1)];
     for s in slots {
@@ -508,12 +524,12 @@ pub fn soft_ceiling(slots: &[Slot], me: u64, my_caps: (u32, u32), now: u64) -> u
         }
     }
     if parts.len() == 1 {
-        return 100;
+        return Some(100);
     }
     parts.sort_by_key(|p| p.0);
     let caps: Vec<(u32, u32)> = parts.iter().map(|p| (p.1, p.2)).collect();
     let mine = parts.iter().position(|p| p.0 == me).unwrap_or(0);
-    crate::policy::caps::soft_shares(&caps)[mine]
+    Some(crate::policy::caps::soft_shares(&caps)[mine])
 }
 
 /// May a claimer take entry `s` once it holds the entry's lock byte (so no owner lives)?

@@ -156,7 +156,7 @@ fn liveness_follows_the_heartbeat() {
 /// Does another container of `slots` have work, as the soft cap sees it? (An uncapped one with
 /// work leaves no room above a hard cap of 25.)
 fn others_work(slots: &[Slot], me: u64, now: u64) -> bool {
-    soft_ceiling(slots, me, (25, 60), now) < 100
+    soft_ceiling(slots, me, (25, 60), now, Some(0)) < Some(100)
 }
 
 #[test]
@@ -176,21 +176,28 @@ fn the_soft_cap_reaches_as_far_as_the_others_with_work_leave_room() {
     let busy = |c: u64, cap: u32, soft: u32| Slot::Used(Entry { cap, soft_cap: soft, active_until_ns: T + MS, ..entry(c, 1) });
     let me = 20;
     // Alone, or beside containers without work: all of it.
-    assert_eq!(soft_ceiling(&[], me, (25, 60), T), 100);
-    assert_eq!(soft_ceiling(&[Slot::Used(entry(10, 1)), Slot::Free, Slot::Corrupt], me, (25, 60), T), 100);
+    assert_eq!(soft_ceiling(&[], me, (25, 60), T, Some(0)), Some(100));
+    assert_eq!(soft_ceiling(&[Slot::Used(entry(10, 1)), Slot::Free, Slot::Corrupt], me, (25, 60), T, Some(0)), Some(100));
     // Beside one alike: half of what the hard caps leave each, whichever id is lower.
-    assert_eq!(soft_ceiling(&[busy(10, 25, 60)], me, (25, 60), T), 50);
-    assert_eq!(soft_ceiling(&[busy(30, 25, 60)], me, (25, 60), T), 50);
+    assert_eq!(soft_ceiling(&[busy(10, 25, 60)], me, (25, 60), T, Some(0)), Some(50));
+    assert_eq!(soft_ceiling(&[busy(30, 25, 60)], me, (25, 60), T, Some(0)), Some(50));
     // Beside one capped 30 without a soft cap: our soft cap; beside an uncapped one: our hard cap.
-    assert_eq!(soft_ceiling(&[busy(10, 30, 0)], me, (25, 60), T), 60);
-    assert_eq!(soft_ceiling(&[busy(10, 0, 0)], me, (25, 60), T), 25);
+    assert_eq!(soft_ceiling(&[busy(10, 30, 0)], me, (25, 60), T, Some(0)), Some(60));
+    assert_eq!(soft_ceiling(&[busy(10, 0, 0)], me, (25, 60), T, Some(0)), Some(25));
     // A container's processes count once, by their largest caps (an uncapped one: the GPU).
-    assert_eq!(soft_ceiling(&[busy(10, 25, 60), busy(10, 25, 60)], me, (25, 60), T), 50);
-    assert_eq!(soft_ceiling(&[busy(10, 25, 60), busy(10, 0, 0)], me, (25, 60), T), 25);
+    assert_eq!(soft_ceiling(&[busy(10, 25, 60), busy(10, 25, 60)], me, (25, 60), T, Some(0)), Some(50));
+    assert_eq!(soft_ceiling(&[busy(10, 25, 60), busy(10, 0, 0)], me, (25, 60), T, Some(0)), Some(25));
     // Our own container's other processes are not others; a stale entry is not there.
-    assert_eq!(soft_ceiling(&[busy(me, 25, 60)], me, (25, 60), T), 100);
+    assert_eq!(soft_ceiling(&[busy(me, 25, 60)], me, (25, 60), T, Some(0)), Some(100));
     let stale = Slot::Used(Entry { heartbeat_ns: T - STALE_NS - 1, ..match busy(10, 0, 0) { Slot::Used(e) => e, _ => unreachable!() } });
-    assert_eq!(soft_ceiling(&[stale], me, (25, 60), T), 100);
+    assert_eq!(soft_ceiling(&[stale], me, (25, 60), T, Some(0)), Some(100));
+    // NVML lists more compute processes than the file has live entries (a tenant the file does
+    // not see), or cannot say: no share by the file (the rule without one applies).
+    let two = [busy(10, 25, 60), Slot::Used(Entry { cap: 25, soft_cap: 60, ..entry(me, 1) })];
+    assert_eq!(soft_ceiling(&two, me, (25, 60), T, Some(2)), Some(50));
+    assert_eq!(soft_ceiling(&two, me, (25, 60), T, Some(3)), None, "a third process on the GPU, not in the file");
+    assert_eq!(soft_ceiling(&two, me, (25, 60), T, None), None, "NVML cannot list the processes");
+    assert!(accounts_for(&two, Some(1), T) && accounts_for(&two, Some(2), T) && !accounts_for(&[stale], Some(1), T));
 }
 
 #[test]
@@ -315,32 +322,35 @@ fn capped_containers_of_one_priority_take_turns_by_cap() {
     let now = T;
     let capped = |c: u64, cap: u32| Slot::Used(Entry { cap, last_launch_ns: now - MS, ..entry(c, 1) });
     // Alone, or uncapped ourselves: no turns.
-    assert_eq!(turn(&[], 30, 1, (Some(50), None), now), None);
-    assert_eq!(turn(&[capped(10, 50)], 30, 1, (None, None), now), None);
+    assert_eq!(turn(&[], 30, 1, (Some(50), None), true, now), None);
+    assert_eq!(turn(&[capped(10, 50)], 30, 1, (None, None), true, now), None);
     // 50/50: the lower container id first.
     let slots = [capped(10, 50), capped(30, 50)];
-    assert_eq!(turn(&slots, 10, 1, (Some(50), None), now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
-    assert_eq!(turn(&slots, 30, 1, (Some(50), None), now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&slots, 10, 1, (Some(50), None), true, now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&slots, 30, 1, (Some(50), None), true, now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
     // 30/60: a tenth of the period is nobody's. Caps adding up past 100: no turns (an entry
     // claiming cap 99 must not shrink our part below our cap).
-    let t = turn(&[capped(10, 30)], 30, 1, (Some(60), None), now).unwrap();
+    let t = turn(&[capped(10, 30)], 30, 1, (Some(60), None), true, now).unwrap();
     assert_eq!((t.offset_ns, t.len_ns), (TURN_PERIOD_NS * 3 / 10, TURN_PERIOD_NS * 6 / 10));
-    assert_eq!(turn(&[capped(10, 99)], 30, 1, (Some(50), None), now), None);
+    assert_eq!(turn(&[capped(10, 99)], 30, 1, (Some(50), None), true, now), None);
     // Soft caps: what the hard caps leave is shared (25/60 and 25/60: half the period each);
     // one without a soft cap keeps its hard cap's part, the other takes the rest up to its soft
     // cap (30 and 25/60: 60).
     let soft = |c: u64, cap: u32, soft_cap: u32| Slot::Used(Entry { cap, soft_cap, last_launch_ns: now - MS, ..entry(c, 1) });
-    assert_eq!(turn(&[soft(10, 25, 60)], 30, 1, (Some(25), Some(60)), now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
-    assert_eq!(turn(&[soft(30, 25, 60)], 10, 1, (Some(25), Some(60)), now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
-    let t = turn(&[soft(10, 30, 0)], 30, 1, (Some(25), Some(60)), now).unwrap();
+    assert_eq!(turn(&[soft(10, 25, 60)], 30, 1, (Some(25), Some(60)), true, now), Some(Turn { offset_ns: TURN_PERIOD_NS / 2, len_ns: TURN_PERIOD_NS / 2 }));
+    assert_eq!(turn(&[soft(30, 25, 60)], 10, 1, (Some(25), Some(60)), true, now), Some(Turn { offset_ns: 0, len_ns: TURN_PERIOD_NS / 2 }));
+    let t = turn(&[soft(10, 30, 0)], 30, 1, (Some(25), Some(60)), true, now).unwrap();
     assert_eq!((t.offset_ns, t.len_ns), (TURN_PERIOD_NS * 3 / 10, TURN_PERIOD_NS * 6 / 10));
+    // Where the file does not account for the GPU, the hard caps' parts only.
+    let t = turn(&[soft(10, 25, 60)], 30, 1, (Some(25), Some(60)), false, now).unwrap();
+    assert_eq!((t.offset_ns, t.len_ns), (TURN_PERIOD_NS / 4, TURN_PERIOD_NS / 4));
     // Not partners: another priority, uncapped, idle for a while, stale, or our own container.
     let other_prio = Slot::Used(Entry { cap: 50, last_launch_ns: now - MS, ..entry(10, 0) });
     let uncapped = Slot::Used(Entry { cap: 0, last_launch_ns: now - MS, ..entry(11, 1) });
     let idle = Slot::Used(Entry { cap: 50, last_launch_ns: now - TURN_RECENT_NS - 1, ..entry(12, 1) });
     let stale = Slot::Used(Entry { cap: 50, last_launch_ns: now - MS, heartbeat_ns: now - STALE_NS - 1, ..entry(13, 1) });
     let own = capped(30, 50);
-    assert_eq!(turn(&[other_prio, uncapped, idle, stale, own], 30, 1, (Some(50), None), now), None);
+    assert_eq!(turn(&[other_prio, uncapped, idle, stale, own], 30, 1, (Some(50), None), true, now), None);
     // Waiting for our part (launches go TURN_LEAD_NS ahead of it): none inside, up to its start
     // outside.
     let t = Turn { offset_ns: 10 * MS, len_ns: 20 * MS };
