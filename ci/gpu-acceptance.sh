@@ -12,10 +12,11 @@
 #   part 4  issue 14 beyond its bounds: two lower-priority trainings beside a higher-priority
 #           container (two_lower.py: neither may stop), three containers (gpu-limiter.sh priorities),
 #           and, reported but not counted (issue 14 sets its bounds for one training), the service
-#           beside two trainings (priority.py with TRAINERS=2)
+#           beside two trainings (priority.py with TRAINERS=2), and two soft-capped containers
+#           sharing the spare (gpu-limiter.sh soft)
 # usage: dist/ci/gpu-acceptance.sh 1|2|3|4      ($OUT: logs and summaries are written there)
 set -u
-case "${1:-}" in 1 | 2 | 3 | 4) ;; *) sed -n '2,16p' "$0"; exit 2 ;; esac
+case "${1:-}" in 1 | 2 | 3 | 4) ;; *) sed -n '2,17p' "$0"; exit 2 ;; esac
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 [ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 export DIST
@@ -44,7 +45,8 @@ case "$1" in
    step priority 120 python3 "$DIST/bench/py/priority.py" 20 ;;
 4) step two_lower 240 python3 "$DIST/bench/py/two_lower.py" 10 gpt2
    step priorities 150 env SECS=8 "$DIST/ci/gpu-limiter.sh" priorities
-   report two_trainings 170 env TRAINERS=2 MODES=priority python3 "$DIST/bench/py/priority.py" 20 ;;
+   report two_trainings 170 env TRAINERS=2 MODES=priority python3 "$DIST/bench/py/priority.py" 20
+   report soft 60 env SECS=8 "$DIST/ci/gpu-limiter.sh" soft ;;
 esac
 echo "acceptance part $1: failed_steps=$failed"
 [ "$failed" -eq 0 ]

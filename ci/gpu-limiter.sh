@@ -4,7 +4,7 @@
 # with different caps, a run-time cap change through shrreg-tool, PyTorch training under caps.
 # Every share is "kernels (steps)/s under the cap / kernels (steps)/s of one uncapped process".
 # usage: gpu-limiter.sh [section ...]
-#   sections: overhead multiproc containers priorities runtime train (default all)
+#   sections: overhead multiproc containers soft priorities runtime train (default all)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 [ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
@@ -14,15 +14,16 @@ SECS=${SECS:-6}
 WORK=$(mktemp -d /tmp/gpu-limiter.XXXXXX)
 [ -n "${OUT:-}" ] && exec > >(tee "$OUT/gpu-limiter-summary.txt") 2>&1
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(overhead multiproc containers priorities runtime train)
+[ ${#sections[@]} -eq 0 ] && sections=(overhead multiproc containers soft priorities runtime train)
 
 # launch NAME REGION CAP ARGS...: test_runtime_launch (or $SAMPLE) under the hook in the
-# background ($PRIO: its CUDA_TASK_PRIORITY).
+# background ($PRIO: its CUDA_TASK_PRIORITY; $SOFT: its CUDA_CORE_SOFT_LIMIT).
 launch() {
     local name=$1 region=$2 cap=$3
     shift 3
     env -u CUDA_DEVICE_SM_LIMIT LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" \
-        ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} ${PRIO:+CUDA_TASK_PRIORITY=$PRIO} "${SAMPLE:-$S/test_runtime_launch}" "$@" >"$WORK/$name.log" 2>&1 &
+        ${cap:+CUDA_DEVICE_SM_LIMIT=$cap} ${PRIO:+CUDA_TASK_PRIORITY=$PRIO} ${SOFT:+CUDA_CORE_SOFT_LIMIT=$SOFT} \
+        "${SAMPLE:-$S/test_runtime_launch}" "$@" >"$WORK/$name.log" 2>&1 &
     PIDS+=($!)
 }
 PIDS=()
@@ -151,6 +152,25 @@ s_containers() {
         [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
     done
     unset VGPU_NODE_DIR
+}
+
+s_soft() {
+    echo "== soft caps share the spare (issue 14's work-conserving caps): two containers capped 25 with"
+    echo "   soft caps of 60, both busy (1 ms kernels, sync after each), one node directory: each about"
+    echo "   half the GPU (the hard caps leave 50, split equally), within 3 points, the GPU at least 95% busy"
+    baseline
+    mkdir -p "$WORK/vgpulock-soft"
+    local pid a b u ok
+    pid=$(util_sampler soft)
+    VGPU_NODE_DIR=$WORK/vgpulock-soft SOFT=60 launch sa "$WORK/r-sa" 25 --us 1000 --seconds "$SECS"
+    VGPU_NODE_DIR=$WORK/vgpulock-soft SOFT=60 launch sb "$WORK/r-sb" 25 --us 1000 --seconds "$SECS"
+    waitall
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    a=$(pct "$(rate sa)" "$base") b=$(pct "$(rate sb)" "$base") u=$(util_mean soft)
+    echo "  caps 25/25, soft 60/60: A $a% ($(windows sa)), B $b% ($(windows sb)), GPU util (nvidia-smi) $u%"
+    ok=$(awk -v a="$a" -v b="$b" -v u="$u" 'BEGIN { d1 = a - 50; d2 = b - 50; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2; print (d1 <= 3 && d2 <= 3 && u >= 95) ? "PASS" : "FAIL" }')
+    echo "  $ok soft_25_60"
+    [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
 }
 
 # busy_pct NAME: percent of wall time test_streams kept kernels launched (its progress lines,
