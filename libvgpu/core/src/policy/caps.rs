@@ -11,8 +11,8 @@ use crate::config::UtilPolicy;
 /// `soft_ceiling()` allows (100: all of it, nobody else has work; at or below the hard cap:
 /// none; between: our part of what the others leave, `soft_shares`). `Force` always applies the
 /// hard cap; `Disable` never caps. The readings are taken only when the decision needs them
-/// (this runs on every gated launch): without a hard cap, under `Force`, with the switch set, or
-/// with no room above the hard cap, nothing more is read.
+/// (this runs on every gated launch): without a hard cap, under `Force`, or with the switch set,
+/// nothing more is read; without a soft cap above the hard cap, not the ceiling (a clock read).
 pub fn effective_cap(policy: UtilPolicy, hard: impl FnOnce() -> Option<u32>, utilization_switch: impl FnOnce() -> i32,
     soft_ceiling: impl FnOnce() -> u32, soft: impl FnOnce() -> Option<u32>) -> Option<u32> {
     if policy == UtilPolicy::Disable {
@@ -20,10 +20,9 @@ pub fn effective_cap(policy: UtilPolicy, hard: impl FnOnce() -> Option<u32>, uti
     }
     let hard = hard().filter(|&p| p > 0 && p < 100)?;
     if policy == UtilPolicy::Default && utilization_switch() != 1 {
-        let ceiling = soft_ceiling();
-        if ceiling > hard {
-            if let Some(soft) = soft().filter(|&s| s > hard) {
-                let cap = soft.min(ceiling);
+        if let Some(soft) = soft().filter(|&s| s > hard) {
+            let cap = soft.min(soft_ceiling());
+            if cap > hard {
                 return (cap < 100).then_some(cap);
             }
         }
@@ -91,8 +90,9 @@ mod tests {
         assert_eq!(effective_cap(Default, || None, || panic!("read"), || panic!("read"), unread), None);
         assert_eq!(effective_cap(Force, || Some(30), || panic!("read"), || panic!("read"), unread), Some(30));
         assert_eq!(effective_cap(Default, || Some(30), || 1, || panic!("read"), unread), Some(30));
-        assert_eq!(effective_cap(Default, || Some(30), || 0, || 0, unread), Some(30));
-        assert_eq!(effective_cap(Default, || Some(30), || 0, || 30, unread), Some(30));
+        assert_eq!(effective_cap(Default, || Some(30), || 0, || panic!("read"), || None), Some(30));
+        assert_eq!(effective_cap(Default, || Some(30), || 0, || panic!("read"), || Some(20)), Some(30));
+        assert_eq!(effective_cap(Default, || Some(30), || 0, || 0, || Some(60)), Some(30));
     }
 
     #[test]
