@@ -51,15 +51,15 @@ pub(crate) fn start(rt: &'static Runtime) {
 /// Device d's cap and soft cap, as the node file carries them.
 fn caps<'a>(rt: &'a Runtime, ps: &'a ProcState) -> impl Fn(usize) -> (Option<u32>, Option<u32>) + 'a {
     move |d| {
-        let hard = ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100);
-        // A soft cap we may not use (policy `force`, or HAMi demands the hard cap) is not one to
-        // be given a share of the spare GPU for.
-        let soft_usable = rt.config.policy == vgpu_core::config::UtilPolicy::Default && ps.region.utilization_switch() != 1;
         // Under `disable` the process runs uncapped: it says so (no cap), so that no one hands
         // out a spare it takes, or turns it does not follow.
         if rt.config.policy == vgpu_core::config::UtilPolicy::Disable {
             return (None, None);
         }
+        let hard = ps.region.sm_limit(d).filter(|&p| p > 0 && p < 100);
+        // A soft cap we may not use (policy `force`, or HAMi demands the hard cap) is not one to
+        // be given a share of the spare GPU for.
+        let soft_usable = rt.config.policy == vgpu_core::config::UtilPolicy::Default && ps.region.utilization_switch() != 1;
         (hard, ps.region.soft_sm_limit(d).filter(|_| soft_usable))
     }
 }

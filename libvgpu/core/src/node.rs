@@ -452,11 +452,7 @@ pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_caps: (Option<u32>, Op
         if e.container == me || !live(e, now) || priority_of(e) != mine || !(1..100).contains(&e.cap) || !recent {
             continue;
         }
-        let soft = if share_spare { e.soft_cap } else { 0 };
-        match parts.iter_mut().find(|p| p.0 == e.container) {
-            Some(p) => (p.1, p.2) = (p.1.max(e.cap), p.2.max(soft)),
-            None => parts.push((e.container, e.cap, soft)),
-        }
+        join(&mut parts, e, if share_spare { e.soft_cap } else { 0 });
     }
     if parts.len() < 2 {
         return None;
@@ -477,6 +473,17 @@ pub fn turn(slots: &[Slot], me: u64, my_priority: i32, my_caps: (Option<u32>, Op
         offset += len;
     }
     None
+}
+
+/// Add entry `e`'s container (hard cap `e.cap`, soft cap `soft`) to `parts` (container, hard,
+/// soft) for `policy::caps::soft_shares`: a container seen in several entries takes the largest
+/// of each (an uncapped process of it: the whole GPU, `policy::caps::reserved`).
+fn join(parts: &mut Vec<(u64, u32, u32)>, e: &Entry, soft: u32) {
+    use crate::policy::caps::reserved;
+    match parts.iter_mut().find(|p| p.0 == e.container) {
+        Some(p) => (p.1, p.2) = (reserved(p.1).max(reserved(e.cap)), p.2.max(soft)),
+        None => parts.push((e.container, e.cap, soft)),
+    }
 }
 
 /// Until when to declare work: what we have queued (estimated), plus slack, bounded.
@@ -511,17 +518,13 @@ pub fn soft_ceiling(slots: &[Slot], me: u64, my_caps: (u32, u32), now: u64, list
     if !accounts_for(slots, listed, now) {
         return None;
     }
-    let hard = |h: u32| if (1..100).contains(&h) { h } else { 100 };
     let mut parts: Vec<(u64, u32, u32)> = vec![(me, my_caps.0, my_caps.1)];
     for s in slots {
         let Slot::Used(e) = s else { continue };
         if e.container == me || !live(e, now) || !has_work(e, now) {
             continue;
         }
-        match parts.iter_mut().find(|p| p.0 == e.container) {
-            Some(p) => (p.1, p.2) = (hard(p.1).max(hard(e.cap)), p.2.max(e.soft_cap)),
-            None => parts.push((e.container, e.cap, e.soft_cap)),
-        }
+        join(&mut parts, e, e.soft_cap);
     }
     if parts.len() == 1 {
         return Some(100);

@@ -30,6 +30,15 @@ pub fn effective_cap(policy: UtilPolicy, hard: impl FnOnce() -> Option<u32>, uti
     Some(hard)
 }
 
+/// What a hard cap reserves of the GPU for `soft_shares`: itself (1..=99), else all of it.
+pub fn reserved(hard: u32) -> u32 {
+    if (1..100).contains(&hard) {
+        hard
+    } else {
+        100
+    }
+}
+
 /// Soft caps made work-conserving (`CUDA_CORE_SOFT_LIMIT`): containers with work on one GPU,
 /// each with a hard cap (1..=99; anything else: none, which takes the whole GPU) and a soft cap
 /// (above the hard cap, 100 and above: the whole GPU; anything else: none). Each keeps its hard
@@ -39,8 +48,7 @@ pub fn effective_cap(policy: UtilPolicy, hard: impl FnOnce() -> Option<u32>, uti
 /// in `caps`' order (100: the whole GPU). Without soft caps, or when the hard caps take the
 /// whole GPU, the hard caps themselves.
 pub fn soft_shares(caps: &[(u32, u32)]) -> Vec<u32> {
-    let hard = |h: u32| if (1..100).contains(&h) { h } else { 100 };
-    let mut share: Vec<u32> = caps.iter().map(|&(h, _)| hard(h)).collect();
+    let mut share: Vec<u32> = caps.iter().map(|&(h, _)| reserved(h)).collect();
     let reserved = share.iter().map(|&h| h as u64).sum::<u64>();
     let mut spare = 100u64.saturating_sub(reserved) as u32;
     let mut room: Vec<u32> = caps.iter().map(|&(h, s)| if (1..100).contains(&h) && s > h { s.min(100) - h } else { 0 }).collect();
