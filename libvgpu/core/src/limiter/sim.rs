@@ -242,6 +242,9 @@ struct Pattern {
     sync_every: u64,
     /// CPU time after each launch (host work between kernels).
     cpu_ns: u64,
+    /// CPU time after each launch, cycled like `kernel_ns` (a step whose phases differ in how
+    /// much host work each kernel takes); empty: `cpu_ns`.
+    cpu_cycle: Vec<u64>,
     /// CPU time after each synchronize, the GPU idle (the host side of a training step).
     sync_cpu_ns: u64,
     /// Fraction of the GPU one kernel occupies (per mille): two 500s of one process run at once.
@@ -253,7 +256,7 @@ struct Pattern {
 
 impl Pattern {
     fn fixed(kernel_ns: u64, sync_every: u64) -> Self {
-        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: 0, sync_cpu_ns: 0, frac: 1000, sync_hooked: true }
+        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: 0, cpu_cycle: Vec::new(), sync_cpu_ns: 0, frac: 1000, sync_hooked: true }
     }
 }
 
@@ -388,7 +391,11 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
                 };
                 p.meter.launched(key, start_ev, ev, now, &mut p.evs);
                 th.launches += 1;
-                let after = w.borrow().now + th.pat.cpu_ns;
+                let cpu = match th.pat.cpu_cycle.len() {
+                    0 => th.pat.cpu_ns,
+                    n => th.pat.cpu_cycle[((th.launches - 1) % n as u64) as usize],
+                };
+                let after = w.borrow().now + cpu;
                 if th.pat.sync_every > 0 && th.launches.is_multiple_of(th.pat.sync_every) {
                     // Blocks until every stream of this thread is done (`wake`).
                     th.waiting = Some(after);
@@ -733,6 +740,38 @@ fn a_cap_above_the_programs_use_does_not_slow_it(
     // at 0.86 of its speed under a cap of 99).
     let (cpu_ns, sync_every) = cpu_and_sync;
     check(&format!("mixed step at cap 99, {cpu_ns} ns CPU per launch, sync every {sync_every}"), &[(0, training_step(cpu_ns, sync_every))], 6, &[99]);
+}
+
+/// A step in two phases, as a transformer's training step looks from the host: 20 GEMMs of 1 ms
+/// that the host launches in 10 us each (it runs far ahead of the GPU), then 300 elementwise
+/// kernels of 5 us that take it 25 us each (the GPU waits on it), a synchronize, 1 ms of host
+/// time. Uncapped, the host's slow phase runs while the GPU still works through the GEMMs.
+fn phased_step() -> Pattern {
+    let (mut kernel_ns, mut cpu_cycle) = (vec![1_000_000; 20], vec![10_000; 20]);
+    kernel_ns.extend([5_000; 300]);
+    cpu_cycle.extend([25_000; 300]);
+    Pattern { kernel_ns, cpu_cycle, sync_cpu_ns: 1_000_000, ..Pattern::fixed(0, 320) }
+}
+
+// Open (issue 10, docs/design.md "Compute limiter", open items): both fail today. The queue
+// bound counts each launch at its stream's recent mean GPU time per launch; the small kernels
+// launched behind the GEMMs are counted at the GEMMs' 1 ms until the GEMMs complete, so the
+// host is held back while the GPU still has 10+ ms queued, and the GPU then idles while the host
+// works through them: at cap 99 71.1% busy against 95.5% uncapped (a bound of max(2 ms, the
+// bucket's balance): 84.1%; no bound: passes, but then cap 25's 100 ms samples swing 21.5-35.5);
+// at cap 25, 20.6%. GPT-2 training on an H100 ran at 0.74-0.97 of its speed under a cap of 99
+// (session 18), 0.96-0.99 with no bound. The likely fix is a per-kernel (function, graph)
+// estimate of GPU time, so a launch is counted at what it will run.
+#[test]
+#[ignore = "open, issue 10: the queue bound counts small kernels behind GEMMs at the GEMMs' length (cap 99: 71% busy of 95.5%); see the comment above"]
+fn a_cap_above_a_phased_programs_use_does_not_slow_it() {
+    check("phased step", &[(0, phased_step())], 6, &[99]);
+}
+
+#[test]
+#[ignore = "open, issue 10: the same queue bound under-delivers a phased step at cap 25 (20.6% busy); see the comment above"]
+fn a_phased_program_holds_caps_under_its_use() {
+    check("phased step", &[(0, phased_step())], 8, &[25, 50, 75]);
 }
 
 #[rstest::rstest]
