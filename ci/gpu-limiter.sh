@@ -35,6 +35,9 @@ windows() { awk -F'[= ]' '/^second=/ { printf "%s%s", sep, $4; sep = "," } END {
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b > 0 ? 100 * a / b : 0) }'; }
 sum() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a + b }'; }
 util_sampler() { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 >"$WORK/$1.util" 2>/dev/null & echo $!; }
+# within3 A B WANT_A WANT_B UTIL: PASS when A and B are each within 3 points of what they want,
+# and the GPU at least 95% busy when the wants add up to 100.
+within3() { awk -v a="$1" -v b="$2" -v ca="$3" -v cb="$4" -v u="$5" 'BEGIN { d1 = a - ca; d2 = b - cb; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2; print (d1 <= 3 && d2 <= 3 && (ca + cb < 100 || u >= 95)) ? "PASS" : "FAIL" }'; }
 util_mean() { awk 'NR > 4 { s += $1; n++ } END { printf "%.0f", (n ? s / n : 0) }' "$WORK/$1.util"; }
 
 base=""
@@ -147,7 +150,7 @@ s_containers() {
         a=$(pct "$(rate ca$1-$2)" "$base") b=$(pct "$(rate cb$1-$2)" "$base") u=$(util_mean c$1-$2)
         echo "  caps $1/$2: A $a% ($(windows ca$1-$2)), B $b% ($(windows cb$1-$2)), GPU util (nvidia-smi) $u%"
         local ok
-        ok=$(awk -v a="$a" -v b="$b" -v ca="$1" -v cb="$2" -v u="$u" 'BEGIN { d1 = a - ca; d2 = b - cb; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2; print (d1 <= 3 && d2 <= 3 && (ca + cb < 100 || u >= 95)) ? "PASS" : "FAIL" }')
+        ok=$(within3 "$a" "$b" "$1" "$2" "$u")
         echo "  $ok containers_$1_$2"
         [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
     done
@@ -168,7 +171,7 @@ s_soft() {
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     a=$(pct "$(rate sa)" "$base") b=$(pct "$(rate sb)" "$base") u=$(util_mean soft)
     echo "  caps 25/25, soft 60/60: A $a% ($(windows sa)), B $b% ($(windows sb)), GPU util (nvidia-smi) $u%"
-    ok=$(awk -v a="$a" -v b="$b" -v u="$u" 'BEGIN { d1 = a - 50; d2 = b - 50; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2; print (d1 <= 3 && d2 <= 3 && u >= 95) ? "PASS" : "FAIL" }')
+    ok=$(within3 "$a" "$b" 50 50 "$u")
     echo "  $ok soft_25_60"
     [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
 }

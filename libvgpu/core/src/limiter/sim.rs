@@ -240,11 +240,9 @@ struct Pattern {
     streams: u64,
     /// Synchronize after this many launches (0 = never).
     sync_every: u64,
-    /// CPU time after each launch (host work between kernels).
-    cpu_ns: u64,
-    /// CPU time after each launch, cycled like `kernel_ns` (a step whose phases differ in how
-    /// much host work each kernel takes); empty: `cpu_ns`.
-    cpu_cycle: Vec<u64>,
+    /// CPU time after each launch (host work between kernels), cycled like `kernel_ns` (a step
+    /// whose phases differ in how much host work each kernel takes); empty: none.
+    cpu_ns: Vec<u64>,
     /// CPU time after each synchronize, the GPU idle (the host side of a training step).
     sync_cpu_ns: u64,
     /// Fraction of the GPU one kernel occupies (per mille): two 500s of one process run at once.
@@ -256,7 +254,7 @@ struct Pattern {
 
 impl Pattern {
     fn fixed(kernel_ns: u64, sync_every: u64) -> Self {
-        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: 0, cpu_cycle: Vec::new(), sync_cpu_ns: 0, frac: 1000, sync_hooked: true }
+        Pattern { kernel_ns: vec![kernel_ns], random: false, streams: 1, sync_every, cpu_ns: Vec::new(), sync_cpu_ns: 0, frac: 1000, sync_hooked: true }
     }
 }
 
@@ -391,9 +389,9 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
                 };
                 p.meter.launched(key, start_ev, ev, now, &mut p.evs);
                 th.launches += 1;
-                let cpu = match th.pat.cpu_cycle.len() {
-                    0 => th.pat.cpu_ns,
-                    n => th.pat.cpu_cycle[((th.launches - 1) % n as u64) as usize],
+                let cpu = match th.pat.cpu_ns.len() {
+                    0 => 0,
+                    n => th.pat.cpu_ns[((th.launches - 1) % n as u64) as usize],
                 };
                 let after = w.borrow().now + cpu;
                 if th.pat.sync_every > 0 && th.launches.is_multiple_of(th.pat.sync_every) {
@@ -578,7 +576,7 @@ fn short_kernels_of_random_length_synchronized_each(#[values(1, 2)] n: usize) {
 #[test]
 fn cpu_time_between_kernels_is_not_charged() {
     // u0 about 50%: a 25% cap halves the throughput, a 75% cap does not slow it.
-    let pat = Pattern { cpu_ns: 1_000_000, ..Pattern::fixed(1_000_000, 1) };
+    let pat = Pattern { cpu_ns: vec![1_000_000], ..Pattern::fixed(1_000_000, 1) };
     check("1 ms kernel + 1 ms CPU", &[(0, pat)], 6, &[25, 75]);
 }
 
@@ -693,7 +691,7 @@ fn a_context_switch_between_processes_is_charged_an_idle_gap_is_not() {
 /// between launches, a synchronize (loss.item()) every so many launches.
 fn training_step(cpu_ns: u64, sync_every: u64) -> Pattern {
     let kernels = vec![8_000, 8_000, 8_000, 300_000, 20_000, 8_000, 1_500_000, 20_000, 8_000, 60_000];
-    Pattern { kernel_ns: kernels, cpu_ns, ..Pattern::fixed(0, sync_every) }
+    Pattern { kernel_ns: kernels, cpu_ns: vec![cpu_ns], ..Pattern::fixed(0, sync_every) }
 }
 
 #[rstest::rstest]
@@ -747,10 +745,10 @@ fn a_cap_above_the_programs_use_does_not_slow_it(
 /// kernels of 5 us that take it 25 us each (the GPU waits on it), a synchronize, 1 ms of host
 /// time. Uncapped, the host's slow phase runs while the GPU still works through the GEMMs.
 fn phased_step() -> Pattern {
-    let (mut kernel_ns, mut cpu_cycle) = (vec![1_000_000; 20], vec![10_000; 20]);
+    let (mut kernel_ns, mut cpu_ns) = (vec![1_000_000; 20], vec![10_000; 20]);
     kernel_ns.extend([5_000; 300]);
-    cpu_cycle.extend([25_000; 300]);
-    Pattern { kernel_ns, cpu_cycle, sync_cpu_ns: 1_000_000, ..Pattern::fixed(0, 320) }
+    cpu_ns.extend([25_000; 300]);
+    Pattern { kernel_ns, cpu_ns, sync_cpu_ns: 1_000_000, ..Pattern::fixed(0, 320) }
 }
 
 // Open (issue 10, docs/design.md "Compute limiter", open items): both fail today. The queue
