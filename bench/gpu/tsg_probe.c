@@ -8,6 +8,11 @@
  * allocates (class KEPLER_CHANNEL_GROUP_A, 0xa06c) and every control libcuda sends them.
  * With TSG_TIMESLICE_US=N it rewrites the timeslice libcuda sets on them to N microseconds, and
  * a thread sets N on every group it saw (every 500 ms, for late ones) and reads it back.
+ * It also logs the compute preemption mode libcuda asks for on each group
+ * (NV2080_CTRL_CMD_GR_SET_CTXSW_PREEMPTION_MODE / _PREEMPTION_BIND, on the subdevice); with
+ * TSG_CILP=M (0 WFI, 1 CTA, 2 CILP) it rewrites that request to M before the driver sees it. With
+ * TSG_PROBE_LOG=PATH a thread appends to PATH.<pid>, every 2 s, each group's context-switch counts
+ * (GR_GET_CTXSW_STATS: saves by kind) and its mode (GR_GET_CTXSW_MODES).
  * A probe for the benchmarks, not part of the hook.
  */
 #define _GNU_SOURCE
@@ -26,6 +31,11 @@
 #define TSG_CLASS 0xa06c
 #define CTRL_SET_TIMESLICE 0xa06c0103u
 #define CTRL_GET_TIMESLICE 0xa06c0104u
+#define SUBDEVICE_CLASS 0x2080
+#define CTRL_SET_PREEMPTION_MODE 0x20801210u
+#define CTRL_PREEMPTION_BIND 0x20801211u
+#define CTRL_GET_CTXSW_STATS 0x20801215u
+#define CTRL_GET_CTXSW_MODES 0x20801235u
 
 struct rm_control { /* NVOS54_PARAMETERS */
     uint32_t h_client, h_object, cmd, flags;
@@ -43,6 +53,13 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct { int fd; uint32_t client, object; } tsgs[MAX_TSG];
 static int ntsg;
 static long want_us = -1;
+static long want_cilp = -1;
+static const char *probe_log;
+/* The subdevice libcuda set the preemption mode on (its client, fd): the stats are read there. */
+static struct { int fd; uint32_t client, object; } subdev;
+struct set_mode { uint32_t flags, h_channel, gfxp, cilp, route_flags, pad; uint64_t route; };
+struct ctxsw_stats { uint32_t h_channel, flags, save, restore, wfi, cta, cilp, gfxp; };
+struct ctxsw_modes { uint32_t h_channel, zcull, pm, smpc, cilp, gfxp; };
 
 static int call(int fd, unsigned long req, void *arg) {
     if (!real_ioctl) real_ioctl = (int (*)(int, unsigned long, void *))dlsym(RTLD_NEXT, "ioctl");
@@ -61,6 +78,43 @@ static uint32_t tsg_control(int fd, uint32_t client, uint32_t object, uint32_t c
     return rc != 0 ? 0xffffffffu : c.status;
 }
 
+static uint32_t control(int fd, uint32_t client, uint32_t object, uint32_t cmd, void *params, uint32_t size) {
+    struct rm_control c = { client, object, cmd, 0, (uint64_t)(uintptr_t)params, size, 0 };
+    int rc = call(fd, control_req(), &c);
+    return rc != 0 ? 0xffffffffu : c.status;
+}
+
+/* SET_CTXSW_PREEMPTION_MODE / PREEMPTION_BIND: log (and with TSG_CILP rewrite) the compute mode. */
+static int preemption_control(int fd, unsigned long req, struct rm_control *c) {
+    uint32_t *cilp = NULL, *flags = NULL, h_channel = 0;
+    if (c->cmd == CTRL_SET_PREEMPTION_MODE && c->params_size >= sizeof(struct set_mode)) {
+        struct set_mode *m = (struct set_mode *)(uintptr_t)c->params;
+        cilp = &m->cilp, flags = &m->flags, h_channel = m->h_channel;
+    } else if (c->cmd == CTRL_PREEMPTION_BIND && c->params_size >= 96) {
+        uint8_t *b = (uint8_t *)(uintptr_t)c->params;
+        flags = (uint32_t *)b, h_channel = *(uint32_t *)(b + 8), cilp = (uint32_t *)(b + 92);
+    }
+    uint32_t asked_flags = flags ? *flags : 0, asked = cilp ? *cilp : 0;
+    if (cilp && want_cilp >= 0 && (asked_flags & 1)) *cilp = (uint32_t)want_cilp;
+    int rc = call(fd, req, c);
+    char line[256];
+    snprintf(line, sizeof line, "tsg_probe preemption cmd=0x%08x client=0x%x subdevice=0x%x channel=0x%x flags=0x%x cilp_asked=%u cilp_sent=%u rc=%d status=0x%x\n",
+             c->cmd, c->h_client, c->h_object, h_channel, asked_flags, asked, cilp ? *cilp : 0, rc, c->status);
+    fputs(line, stderr);
+    if (probe_log && *probe_log) {
+        char path[512];
+        snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
+        FILE *f = fopen(path, "a");
+        if (f) fputs(line, f), fclose(f);
+    }
+    if (rc == 0 && c->status == 0) {
+        pthread_mutex_lock(&mu);
+        subdev.fd = fd, subdev.client = c->h_client, subdev.object = c->h_object;
+        pthread_mutex_unlock(&mu);
+    }
+    return rc;
+}
+
 int ioctl(int fd, unsigned long req, ...) {
     va_list ap;
     va_start(ap, req);
@@ -69,6 +123,7 @@ int ioctl(int fd, unsigned long req, ...) {
     unsigned nr = req & 0xff, type = (req >> 8) & 0xff, size = (req >> 16) & 0x3fff;
     if (type == NV_TYPE && nr == NV_ESC_RM_CONTROL && size == sizeof(struct rm_control) && arg) {
         struct rm_control *c = arg;
+        if ((c->cmd == CTRL_SET_PREEMPTION_MODE || c->cmd == CTRL_PREEMPTION_BIND) && c->params) return preemption_control(fd, req, c);
         if ((c->cmd >> 16) == TSG_CLASS) {
             uint64_t asked = 0;
             if (c->cmd == CTRL_SET_TIMESLICE && c->params && c->params_size >= 8) {
@@ -118,9 +173,45 @@ static void *setter(void *unused) {
     return NULL;
 }
 
+/* Every 2 s: each group's saves by kind and its compute preemption mode, to TSG_PROBE_LOG.<pid>. */
+static void *stats(void *unused) {
+    (void)unused;
+    char path[512];
+    snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
+    for (;;) {
+        sleep(2);
+        pthread_mutex_lock(&mu);
+        int n = ntsg;
+        typeof(subdev) sd = subdev;
+        pthread_mutex_unlock(&mu);
+        if (!sd.object) continue;
+        FILE *f = fopen(path, "a");
+        if (!f) continue;
+        for (int i = 0; i < n; i++) {
+            if (tsgs[i].client != sd.client) continue;
+            struct ctxsw_stats st = { .h_channel = tsgs[i].object };
+            uint32_t s0 = control(sd.fd, sd.client, sd.object, CTRL_GET_CTXSW_STATS, &st, sizeof st);
+            struct ctxsw_modes md = { .h_channel = tsgs[i].object };
+            uint32_t s1 = control(sd.fd, sd.client, sd.object, CTRL_GET_CTXSW_MODES, &md, sizeof md);
+            fprintf(f, "tsg_probe stats tsg=0x%x status=0x%x save=%u restore=%u wfi=%u cta=%u cilp=%u gfxp=%u modes_status=0x%x cilp_mode=%u\n",
+                    tsgs[i].object, s0, st.save, st.restore, st.wfi, st.cta, st.cilp, st.gfxp, s1, md.cilp);
+        }
+        fclose(f);
+    }
+    return NULL;
+}
+
 __attribute__((constructor)) static void probe_init(void) {
     const char *w = getenv("TSG_TIMESLICE_US");
     if (w && *w) want_us = atol(w);
+    const char *m = getenv("TSG_CILP");
+    if (m && *m) want_cilp = atol(m);
+    probe_log = getenv("TSG_PROBE_LOG");
+    if (probe_log && *probe_log) {
+        pthread_t t;
+        pthread_create(&t, NULL, stats, NULL);
+        pthread_detach(t);
+    }
     if (want_us > 0) {
         pthread_t t;
         pthread_create(&t, NULL, setter, NULL);
