@@ -13,6 +13,10 @@
  * TSG_CILP=M (0 WFI, 1 CTA, 2 CILP) it rewrites that request to M before the driver sees it. With
  * TSG_PROBE_LOG=PATH a thread appends to PATH.<pid>, every 2 s, each group's context-switch counts
  * (GR_GET_CTXSW_STATS: saves by kind) and its mode (GR_GET_CTXSW_MODES).
+ * With TSG_TOGGLE=OFF_US:PERIOD_US (and TSG_PROBE_LOG), from 8 s on, every PERIOD_US a thread
+ * takes each of the process's groups off the runlist (NVA06C_CTRL_CMD_GPFIFO_SCHEDULE, bEnable 0)
+ * for OFF_US and puts it back, and logs the calls' statuses and how long they took: can a process
+ * keep its own queued work off the GPU for a while, and what does it cost?
  * A probe for the benchmarks, not part of the hook.
  */
 #define _GNU_SOURCE
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NV_TYPE 0x46 /* 'F' */
@@ -31,6 +36,7 @@
 #define TSG_CLASS 0xa06c
 #define CTRL_SET_TIMESLICE 0xa06c0103u
 #define CTRL_GET_TIMESLICE 0xa06c0104u
+#define CTRL_GPFIFO_SCHEDULE 0xa06c0101u
 #define SUBDEVICE_CLASS 0x2080
 #define CTRL_SET_PREEMPTION_MODE 0x20801210u
 #define CTRL_PREEMPTION_BIND 0x20801211u
@@ -201,7 +207,72 @@ static void *stats(void *unused) {
     return NULL;
 }
 
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static long toggle_off_us, toggle_period_us;
+
+/* Take every group off the runlist (on = 0) or put it back (on = 1); the slowest call's time. */
+static double schedule_all(int on, uint32_t *bad_status, int *calls) {
+    pthread_mutex_lock(&mu);
+    int n = ntsg;
+    pthread_mutex_unlock(&mu);
+    double slowest = 0;
+    for (int i = 0; i < n; i++) {
+        uint8_t p[3] = { (uint8_t)on, 0, 0 };
+        double t0 = now_us();
+        uint32_t st = control(tsgs[i].fd, tsgs[i].client, tsgs[i].object, CTRL_GPFIFO_SCHEDULE, p, sizeof p);
+        double dt = now_us() - t0;
+        if (dt > slowest) slowest = dt;
+        if (st) *bad_status = st;
+        (*calls)++;
+    }
+    return slowest;
+}
+
+static void *toggler(void *unused) {
+    (void)unused;
+    char path[512];
+    snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
+    sleep(8);
+    long rounds = 0;
+    int calls = 0;
+    uint32_t bad = 0;
+    double off_max = 0, on_max = 0, off_sum = 0, on_sum = 0;
+    double t_last = now_us();
+    for (;;) {
+        usleep((useconds_t)(toggle_period_us - toggle_off_us));
+        double a = schedule_all(0, &bad, &calls);
+        usleep((useconds_t)toggle_off_us);
+        double b = schedule_all(1, &bad, &calls);
+        rounds++, off_sum += a, on_sum += b;
+        if (a > off_max) off_max = a;
+        if (b > on_max) on_max = b;
+        if (now_us() - t_last > 2e6) {
+            FILE *f = fopen(path, "a");
+            if (f) {
+                fprintf(f, "tsg_probe toggle groups=%d rounds=%ld calls=%d last_bad_status=0x%x off_call_us_mean=%.1f max=%.1f on_call_us_mean=%.1f max=%.1f\n",
+                        ntsg, rounds, calls, bad, off_sum / rounds, off_max, on_sum / rounds, on_max);
+                fclose(f);
+            }
+            t_last = now_us();
+        }
+    }
+    return NULL;
+}
+
 __attribute__((constructor)) static void probe_init(void) {
+    const char *tg = getenv("TSG_TOGGLE");
+    if (tg && *tg && sscanf(tg, "%ld:%ld", &toggle_off_us, &toggle_period_us) == 2 && toggle_off_us > 0 &&
+        toggle_period_us > toggle_off_us && getenv("TSG_PROBE_LOG")) {
+        probe_log = getenv("TSG_PROBE_LOG");
+        pthread_t t;
+        pthread_create(&t, NULL, toggler, NULL);
+        pthread_detach(t);
+    }
     const char *w = getenv("TSG_TIMESLICE_US");
     if (w && *w) want_us = atol(w);
     const char *m = getenv("TSG_CILP");

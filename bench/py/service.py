@@ -1,7 +1,7 @@
 """A latency-critical inference service for the priority benchmark (issue 14): batch-1 ResNet-50
 forward (a few ms of GPU time) replayed from a CUDA graph; requests arrive at random (exponential
 gaps, mean MEAN_MS); each request's latency is measured from its arrival to its result.
-usage: service.py SECONDS [MEAN_MS]   prints `service requests= p50_ms= p90_ms= p99_ms= max_ms= busy_ms_per_req=`
+usage: service.py SECONDS [MEAN_MS]   (env LINGER_US: see below)   prints `service requests= p50_ms= p90_ms= p99_ms= max_ms= busy_ms_per_req=`
 and `service_parts`: where the latency went, per request: `queued` (arrived while the previous
 one was still being served: waited behind it on the CPU), `gpu` (from the GPU reaching the
 request's first kernel to its last one ending, CUDA events: the request's own run, with whatever
@@ -20,6 +20,9 @@ sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(_
 import workloads  # noqa: E402
 
 secs = float(sys.argv[1])
+# An experiment, off by default: LINGER_US=N spins one GPU thread N us (at 1.98 GHz) after each
+# request on a side stream, so a request arriving within N us finds this context still on the GPU.
+linger_cycles = int(float(__import__("os").environ.get("LINGER_US", "0")) * 1980)
 mean_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
 step = workloads.graph()  # replay + synchronize
 for _ in range(20):
@@ -39,7 +42,7 @@ while arrival - t0 < secs:
     if arrival > now:
         time.sleep(arrival - now)
     launch = time.monotonic()
-    step(ev0, ev1)
+    step(ev0, ev1, linger_cycles)
     done = time.monotonic()
     gpu = ev0.elapsed_time(ev1)
     lat.append((done - arrival) * 1e3)

@@ -88,14 +88,24 @@ def graph():
     with torch.no_grad(), torch.cuda.graph(g):
         y = model(x)
 
-    def step(start=None, end=None):
+    side = torch.cuda.Stream()
+
+    def step(start=None, end=None, linger_cycles=0):
         # Events around the replay (optional) time the request's own stretch on the GPU.
         if start is not None:
             start.record()
         g.replay()
         if end is not None:
             end.record()
-        torch.cuda.synchronize()
+        if linger_cycles and end is not None:
+            # An experiment (service.py LINGER_US): a one-thread spin on a side stream from the
+            # request's end keeps this context on the GPU a while; wait for the request only.
+            side.wait_event(end)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(linger_cycles)
+            end.synchronize()
+        else:
+            torch.cuda.synchronize()
         return y
     return step
 
