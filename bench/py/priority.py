@@ -88,6 +88,8 @@ stop(train, "solo")
 alone = service(0, "alone")
 svc_util = alone["busy_ms_per_req"] * alone["requests"] / (secs * 1e3)
 rec = dict(trainers=TRAINERS, training_solo_steps_per_s=round(solo, 3), service_alone=alone, service_util=round(svc_util, 3))
+# Each run's figures as it ends: a run stopped at a time limit still leaves the ones before it.
+print(f"priority partial mode=alone p50_ms={alone.get('p50_ms')} p99_ms={alone.get('p99_ms')} solo_steps_per_s={solo:.3f}", flush=True)
 MODES = os.environ.get("MODES", "no_priority priority").split()
 if "idle_higher" in MODES:
     idle = subprocess.Popen(IDLE, env=env(0, "idle"), stdout=subprocess.PIPE, text=True)
@@ -118,6 +120,7 @@ for mode, train_prio in (("no_priority", 0), ("priority", 1)):
     keep = training_rate(train, t0, t1) / (solo * max(1e-6, 1 - svc_util))
     stop(train, mode)
     rec[mode] = dict(service=beside, training_keeps=round(keep, 3))
+    print(f"priority partial mode={mode} p50_ms={beside.get('p50_ms')} p99_ms={beside.get('p99_ms')} training_keeps={keep:.3f}", flush=True)
 if "priority" in rec:
     p99_ratio = rec["priority"]["service"]["p99_ms"] / alone["p99_ms"]
     rec["ok_p99"] = p99_ratio <= 1.10
