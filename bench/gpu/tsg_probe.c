@@ -62,7 +62,7 @@ static long want_us = -1;
 static long want_cilp = -1;
 static const char *probe_log;
 /* The subdevice libcuda set the preemption mode on (its client, fd): the stats are read there. */
-static struct { int fd; uint32_t client, object; } subdev;
+static struct { int fd; uint32_t client, object, channel; } subdev;
 struct set_mode { uint32_t flags, h_channel, gfxp, cilp, route_flags, pad; uint64_t route; };
 struct ctxsw_stats { uint32_t h_channel, flags, save, restore, wfi, cta, cilp, gfxp; };
 struct ctxsw_modes { uint32_t h_channel, zcull, pm, smpc, cilp, gfxp; };
@@ -115,7 +115,7 @@ static int preemption_control(int fd, unsigned long req, struct rm_control *c) {
     }
     if (rc == 0 && c->status == 0) {
         pthread_mutex_lock(&mu);
-        subdev.fd = fd, subdev.client = c->h_client, subdev.object = c->h_object;
+        subdev.fd = fd, subdev.client = c->h_client, subdev.object = c->h_object, subdev.channel = h_channel;
         pthread_mutex_unlock(&mu);
     }
     return rc;
@@ -146,6 +146,13 @@ int ioctl(int fd, unsigned long req, ...) {
     int rc = call(fd, req, arg);
     if (type == NV_TYPE && nr == NV_ESC_RM_ALLOC && size >= sizeof(struct rm_alloc_head) && arg) {
         struct rm_alloc_head *a = arg;
+        if (probe_log && *probe_log) { /* every allocation: which class is libcuda's group? */
+            char path[512];
+            snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
+            FILE *f = fopen(path, "a");
+            if (f) fprintf(f, "tsg_probe alloc client=0x%x parent=0x%x object=0x%x class=0x%x size=%u fd=%d rc=%d\n", a->h_root,
+                           a->h_parent, a->h_new, a->h_class, size, fd, rc), fclose(f);
+        }
         if (a->h_class == TSG_CLASS && rc == 0) {
             pthread_mutex_lock(&mu);
             if (ntsg < MAX_TSG) tsgs[ntsg++] = (typeof(tsgs[0])){ fd, a->h_root, a->h_new };
@@ -193,14 +200,17 @@ static void *stats(void *unused) {
         if (!sd.object) continue;
         FILE *f = fopen(path, "a");
         if (!f) continue;
-        for (int i = 0; i < n; i++) {
-            if (tsgs[i].client != sd.client) continue;
-            struct ctxsw_stats st = { .h_channel = tsgs[i].object };
+        /* The group libcuda set the preemption mode on first (session 19: it is not among the
+         * allocations recorded below), then the recorded ones. */
+        for (int i = -1; i < n; i++) {
+            uint32_t group = i < 0 ? sd.channel : tsgs[i].object;
+            if (i >= 0 && (tsgs[i].client != sd.client || group == sd.channel)) continue;
+            struct ctxsw_stats st = { .h_channel = group };
             uint32_t s0 = control(sd.fd, sd.client, sd.object, CTRL_GET_CTXSW_STATS, &st, sizeof st);
-            struct ctxsw_modes md = { .h_channel = tsgs[i].object };
+            struct ctxsw_modes md = { .h_channel = group };
             uint32_t s1 = control(sd.fd, sd.client, sd.object, CTRL_GET_CTXSW_MODES, &md, sizeof md);
-            fprintf(f, "tsg_probe stats tsg=0x%x status=0x%x save=%u restore=%u wfi=%u cta=%u cilp=%u gfxp=%u modes_status=0x%x cilp_mode=%u\n",
-                    tsgs[i].object, s0, st.save, st.restore, st.wfi, st.cta, st.cilp, st.gfxp, s1, md.cilp);
+            fprintf(f, "tsg_probe stats tsg=0x%x%s status=0x%x save=%u restore=%u wfi=%u cta=%u cilp=%u gfxp=%u modes_status=0x%x cilp_mode=%u\n",
+                    group, i < 0 ? " (libcuda's mode)" : "", s0, st.save, st.restore, st.wfi, st.cta, st.cilp, st.gfxp, s1, md.cilp);
         }
         fclose(f);
     }
