@@ -76,18 +76,25 @@ static unsigned long control_req(void) {
     return (3ul << 30) | ((unsigned long)sizeof(struct rm_control) << 16) | (NV_TYPE << 8) | NV_ESC_RM_CONTROL;
 }
 
-static uint32_t tsg_control(int fd, uint32_t client, uint32_t object, uint32_t cmd, uint64_t *us) {
-    struct timeslice ts = { *us };
-    struct rm_control c = { client, object, cmd, 0, (uint64_t)(uintptr_t)&ts, sizeof ts, 0 };
-    int rc = call(fd, control_req(), &c);
-    *us = ts.us;
-    return rc != 0 ? 0xffffffffu : c.status;
-}
-
 static uint32_t control(int fd, uint32_t client, uint32_t object, uint32_t cmd, void *params, uint32_t size) {
     struct rm_control c = { client, object, cmd, 0, (uint64_t)(uintptr_t)params, size, 0 };
     int rc = call(fd, control_req(), &c);
     return rc != 0 ? 0xffffffffu : c.status;
+}
+
+static uint32_t tsg_control(int fd, uint32_t client, uint32_t object, uint32_t cmd, uint64_t *us) {
+    struct timeslice ts = { *us };
+    uint32_t status = control(fd, client, object, cmd, &ts, sizeof ts);
+    *us = ts.us;
+    return status;
+}
+
+/* TSG_PROBE_LOG.<pid>, to append to (NULL without TSG_PROBE_LOG or when it cannot be opened). */
+static FILE *log_open(void) {
+    if (!probe_log || !*probe_log) return NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
+    return fopen(path, "a");
 }
 
 /* SET_CTXSW_PREEMPTION_MODE / PREEMPTION_BIND: log (and with TSG_CILP rewrite) the compute mode. */
@@ -107,12 +114,8 @@ static int preemption_control(int fd, unsigned long req, struct rm_control *c) {
     snprintf(line, sizeof line, "tsg_probe preemption cmd=0x%08x client=0x%x subdevice=0x%x channel=0x%x flags=0x%x cilp_asked=%u cilp_sent=%u rc=%d status=0x%x\n",
              c->cmd, c->h_client, c->h_object, h_channel, asked_flags, asked, cilp ? *cilp : 0, rc, c->status);
     fputs(line, stderr);
-    if (probe_log && *probe_log) {
-        char path[512];
-        snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
-        FILE *f = fopen(path, "a");
-        if (f) fputs(line, f), fclose(f);
-    }
+    FILE *f = log_open();
+    if (f) fputs(line, f), fclose(f);
     if (rc == 0 && c->status == 0) {
         pthread_mutex_lock(&mu);
         subdev.fd = fd, subdev.client = c->h_client, subdev.object = c->h_object, subdev.channel = h_channel;
@@ -146,13 +149,9 @@ int ioctl(int fd, unsigned long req, ...) {
     int rc = call(fd, req, arg);
     if (type == NV_TYPE && nr == NV_ESC_RM_ALLOC && size >= sizeof(struct rm_alloc_head) && arg) {
         struct rm_alloc_head *a = arg;
-        if (probe_log && *probe_log) { /* every allocation: which class is libcuda's group? */
-            char path[512];
-            snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
-            FILE *f = fopen(path, "a");
-            if (f) fprintf(f, "tsg_probe alloc client=0x%x parent=0x%x object=0x%x class=0x%x size=%u fd=%d rc=%d\n", a->h_root,
+        FILE *f = log_open(); /* every allocation: which class is libcuda's group? */
+        if (f) fprintf(f, "tsg_probe alloc client=0x%x parent=0x%x object=0x%x class=0x%x size=%u fd=%d rc=%d\n", a->h_root,
                            a->h_parent, a->h_new, a->h_class, size, fd, rc), fclose(f);
-        }
         if (a->h_class == TSG_CLASS && rc == 0) {
             pthread_mutex_lock(&mu);
             if (ntsg < MAX_TSG) tsgs[ntsg++] = (typeof(tsgs[0])){ fd, a->h_root, a->h_new };
@@ -189,8 +188,6 @@ static void *setter(void *unused) {
 /* Every 2 s: each group's saves by kind and its compute preemption mode, to TSG_PROBE_LOG.<pid>. */
 static void *stats(void *unused) {
     (void)unused;
-    char path[512];
-    snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
     for (;;) {
         sleep(2);
         pthread_mutex_lock(&mu);
@@ -198,7 +195,7 @@ static void *stats(void *unused) {
         typeof(subdev) sd = subdev;
         pthread_mutex_unlock(&mu);
         if (!sd.object) continue;
-        FILE *f = fopen(path, "a");
+        FILE *f = log_open();
         if (!f) continue;
         /* The group libcuda set the preemption mode on first (session 19: it is not among the
          * allocations recorded below), then the recorded ones. */
@@ -245,8 +242,6 @@ static double schedule_all(int on, uint32_t *bad_status, int *calls) {
 
 static void *toggler(void *unused) {
     (void)unused;
-    char path[512];
-    snprintf(path, sizeof path, "%s.%d", probe_log, (int)getpid());
     sleep(8);
     long rounds = 0;
     int calls = 0;
@@ -262,7 +257,7 @@ static void *toggler(void *unused) {
         if (a > off_max) off_max = a;
         if (b > on_max) on_max = b;
         if (now_us() - t_last > 2e6) {
-            FILE *f = fopen(path, "a");
+            FILE *f = log_open();
             if (f) {
                 fprintf(f, "tsg_probe toggle groups=%d rounds=%ld calls=%d last_bad_status=0x%x off_call_us_mean=%.1f max=%.1f on_call_us_mean=%.1f max=%.1f\n",
                         ntsg, rounds, calls, bad, off_sum / rounds, off_max, on_sum / rounds, on_max);
@@ -275,10 +270,10 @@ static void *toggler(void *unused) {
 }
 
 __attribute__((constructor)) static void probe_init(void) {
+    probe_log = getenv("TSG_PROBE_LOG");
     const char *tg = getenv("TSG_TOGGLE");
     if (tg && *tg && sscanf(tg, "%ld:%ld", &toggle_off_us, &toggle_period_us) == 2 && toggle_off_us > 0 &&
-        toggle_period_us > toggle_off_us && getenv("TSG_PROBE_LOG")) {
-        probe_log = getenv("TSG_PROBE_LOG");
+        toggle_period_us > toggle_off_us && probe_log && *probe_log) {
         pthread_t t;
         pthread_create(&t, NULL, toggler, NULL);
         pthread_detach(t);
@@ -287,7 +282,6 @@ __attribute__((constructor)) static void probe_init(void) {
     if (w && *w) want_us = atol(w);
     const char *m = getenv("TSG_CILP");
     if (m && *m) want_cilp = atol(m);
-    probe_log = getenv("TSG_PROBE_LOG");
     if (probe_log && *probe_log) {
         pthread_t t;
         pthread_create(&t, NULL, stats, NULL);

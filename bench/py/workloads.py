@@ -88,7 +88,7 @@ def graph():
     with torch.no_grad(), torch.cuda.graph(g):
         y = model(x)
 
-    side = torch.cuda.Stream()
+    side = []  # the linger experiment's stream, made on its first use: the plain replay makes none
 
     def step(start=None, end=None, linger_cycles=0):
         # Events around the replay (optional) time the request's own stretch on the GPU.
@@ -100,8 +100,10 @@ def graph():
         if linger_cycles and end is not None:
             # An experiment (service.py LINGER_US): a one-thread spin on a side stream from the
             # request's end keeps this context on the GPU a while; wait for the request only.
-            side.wait_event(end)
-            with torch.cuda.stream(side):
+            if not side:
+                side.append(torch.cuda.Stream())
+            side[0].wait_event(end)
+            with torch.cuda.stream(side[0]):
                 torch.cuda._sleep(linger_cycles)
             end.synchronize()
         else:
