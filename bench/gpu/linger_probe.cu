@@ -3,22 +3,28 @@
 // process's context (issue 14: queued requests pay that switch twice beside a training)? And does
 // the way it lingers make cudaDeviceSynchronize (PyTorch's torch.cuda.synchronize) wait longer?
 // A probe for the benchmarks, not part of the hook. Built by bench/gpu/build.sh; written in session
-// 19 after its device time was spent: not yet compiled or run on a GPU.
+// 19; first run in session 20 (H100).
 //
 //   linger_probe train SECONDS
 //       the other tenant: back-to-back 100-us kernels over every SM, 20 queued at a time; prints
 //       `train kernels_per_s=`
-//   linger_probe service SECONDS none|stream|green LINGER_US
+//   linger_probe service SECONDS none|stream|green|ctx LINGER_US
 //       requests at random (exponential gaps, mean 20 ms), each a 1-ms kernel over every SM and
 //       cudaDeviceSynchronize. After each request's kernel it lingers: a one-thread spin of
 //       LINGER_US (up to a newer request) waiting on the request's end event, on
 //         none:   no linger;
 //         stream: a non-blocking stream of the same (primary) context: cudaDeviceSynchronize
 //                 waits for it;
-//         green:  a stream of a green context of 8 SMs (cuGreenCtxCreate): another context, so
-//                 cudaDeviceSynchronize on the primary one should not wait for it; whether it
-//                 keeps the GPU on this process is what the latency beside `train` shows.
-//       prints `service mode= linger_us= requests= p50_ms= p99_ms= max_ms=`. Alone, a mode whose
+//         green:  a stream of a green context of 8 SMs (cuGreenCtxCreate). Session 20 (H100):
+//                 cudaDeviceSynchronize on the primary context waits for it too (alone, p50
+//                 1.12 ms none, 1.44 ms green or stream at 300 us);
+//         ctx:    a stream of a second ordinary context (cuCtxCreate): its own channel group,
+//                 which cudaDeviceSynchronize on the primary context does not wait for; whether
+//                 it keeps the GPU on this process (a switch between our own two groups with
+//                 nothing to preempt, where the linger ends as the next request is launched) is
+//                 what the latency beside `train` shows.
+//       prints `service mode= linger_us= requests= p50_ms= p99_ms= max_ms= queued= queued_p50_ms=
+//       queued_p99_ms=` (queued: requests that arrived before the previous one returned). Alone, a mode whose
 //       p50 is LINGER_US above none's makes cudaDeviceSynchronize wait for the linger.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -103,8 +109,8 @@ static double pct(std::vector<double> v, double q) {
 }
 
 static int service(double seconds, const char *mode, double linger_us) {
-    bool use_stream = !strcmp(mode, "stream"), use_green = !strcmp(mode, "green");
-    if (!use_stream && !use_green && strcmp(mode, "none")) {
+    bool use_stream = !strcmp(mode, "stream"), use_green = !strcmp(mode, "green"), use_ctx = !strcmp(mode, "ctx");
+    if (!use_stream && !use_green && !use_ctx && strcmp(mode, "none")) {
         fprintf(stderr, "error=unknown_mode %s\n", mode);
         return 2;
     }
@@ -119,7 +125,14 @@ static int service(double seconds, const char *mode, double linger_us) {
     unsigned *generation_dev;
     CK(cudaHostGetDevicePointer((void **)&generation_dev, generation, 0));
     CUstream side = nullptr;
-    if (use_stream) {
+    CUcontext side_ctx = nullptr;  // ctx mode: launches on `side` are made with it current
+    if (use_ctx) {
+        CUdevice dev;
+        CKD(cuDeviceGet(&dev, 0));
+        CKD(cuCtxCreate(&side_ctx, nullptr, 0, dev));  // makes it current
+        CKD(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+        CKD(cuCtxSetCurrent(primary));
+    } else if (use_stream) {
         CK(cudaStreamCreateWithFlags((cudaStream_t *)&side, cudaStreamNonBlocking));
     } else if (use_green) {
         CUdevice dev;
@@ -149,8 +162,8 @@ static int service(double seconds, const char *mode, double linger_us) {
     }
     std::mt19937_64 rng(1);
     std::exponential_distribution<double> gap(1.0 / 0.020);
-    std::vector<double> lat;
-    double t0 = secs_now(), arrival = t0;
+    std::vector<double> lat, queued;
+    double t0 = secs_now(), arrival = t0, prev_done = t0;
     long long linger_ns = (long long)(linger_us * 1e3);
     while (arrival - t0 < seconds) {
         arrival += gap(rng);
@@ -163,20 +176,26 @@ static int service(double seconds, const char *mode, double linger_us) {
             CKD(cuStreamWaitEvent(side, (CUevent)end, 0));
             const unsigned *g = generation_dev;
             void *args[] = {&linger_ns, &g, &mine};
+            if (side_ctx) CKD(cuCtxPushCurrent(side_ctx));
             CKD(cuLaunchKernel((CUfunction)lk, 1, 1, 1, 1, 1, 1, 0, side, args, nullptr));
+            if (side_ctx) CKD(cuCtxPopCurrent(nullptr));
         }
         CK(cudaDeviceSynchronize());
         double done = secs_now();
         lat.push_back((done - arrival) * 1e3);
+        if (arrival < prev_done) queued.push_back((done - arrival) * 1e3);
+        prev_done = done;
     }
-    printf("service mode=%s linger_us=%g requests=%zu p50_ms=%.3f p99_ms=%.3f max_ms=%.3f\n", mode, linger_us, lat.size(),
-           pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1.0));
+    printf("service mode=%s linger_us=%g requests=%zu p50_ms=%.3f p99_ms=%.3f max_ms=%.3f queued=%zu queued_p50_ms=%.3f "
+           "queued_p99_ms=%.3f\n",
+           mode, linger_us, lat.size(), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1.0), queued.size(), pct(queued, 0.5),
+           pct(queued, 0.99));
     return 0;
 }
 
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "train")) return train(atof(argv[2]));
     if (argc >= 5 && !strcmp(argv[1], "service")) return service(atof(argv[2]), argv[3], atof(argv[4]));
-    fprintf(stderr, "usage: linger_probe train SECONDS | service SECONDS none|stream|green LINGER_US\n");
+    fprintf(stderr, "usage: linger_probe train SECONDS | service SECONDS none|stream|green|ctx LINGER_US\n");
     return 2;
 }
