@@ -479,9 +479,16 @@ fn summarize(v: &[(u64, u64)], from: usize) -> (f64, f64) {
 fn check(name: &str, threads: &[(usize, Pattern)], secs: u64, caps: &[u32]) {
     let base = simulate(None, threads, secs);
     let (k0, u0) = summarize(&base, 1);
+    let print = std::env::var_os("SIM_PRINT").is_some(); // the figures, for exploring
+    if print {
+        eprintln!("{name}: u0 {u0:.1}");
+    }
     for &cap in caps {
         let got = simulate(Some(cap), threads, secs);
         let (k, u) = summarize(&got, 2);
+        if print {
+            eprintln!("{name}: cap {cap} utilization {u:.1} throughput {:.3}", k / k0);
+        }
         let want_u = (cap as f64).min(u0);
         let want_k = (cap as f64 / u0).min(1.0);
         assert!((u - want_u).abs() <= 3.0, "{name}, cap {cap}: utilization {u:.1}% (uncapped {u0:.1}%)");
@@ -807,3 +814,51 @@ fn a_thread_synchronizing_beside_asynchronous_ones_is_woken() {
     assert!(k0 > 1000, "process 0 completed {k0} kernels in 2 s");
 }
 
+
+/// Host pauses of a framework's step (Python, the allocator, the garbage collector): one every
+/// 15 launches.
+const JITTER_NS: u64 = 400_000;
+
+/// A step shaped like GPT-2 124M training on an H100 as the GPU showed it (session 20: about 1,290
+/// launches a step, per-launch estimates of 17-50 us in most ticks, 135-323 us right after the
+/// LM head's GEMMs; u0 80-93%): a host-bound forward (kernels of 5-180 us, 25 us of host each),
+/// the LM head (3 ms), a GPU-bound backward (kernels twice the forward's, 10 us of host each) with
+/// two 3 ms GEMMs first, an optimizer of 30 kernels, a synchronize and 4 ms of host time, and a
+/// host pause of `JITTER_NS` every 15 launches.
+fn gpt2_like_step() -> Pattern {
+    let layer = [10_000u64, 120_000, 5_000, 100_000, 50_000, 10_000, 10_000, 180_000, 20_000, 180_000, 10_000, 5_000, 5_000, 5_000, 5_000];
+    let (mut kernel_ns, mut cpu_ns) = (Vec::new(), Vec::new());
+    for _ in 0..12 {
+        kernel_ns.extend(layer);
+        cpu_ns.extend([25_000; 14]);
+        cpu_ns.push(JITTER_NS);
+    }
+    kernel_ns.extend([3_000_000, 200_000, 20_000]);
+    cpu_ns.extend([25_000; 3]);
+    kernel_ns.extend([3_000_000, 3_000_000]);
+    cpu_ns.extend([10_000; 2]);
+    for _ in 0..24 {
+        kernel_ns.extend(layer);
+        cpu_ns.extend([10_000; 14]);
+        cpu_ns.push(JITTER_NS);
+    }
+    kernel_ns.extend([150_000; 30]);
+    cpu_ns.extend([15_000; 30]);
+    let n = kernel_ns.len() as u64;
+    Pattern { kernel_ns, cpu_ns, sync_cpu_ns: 4_000_000, ..Pattern::fixed(0, n) }
+}
+
+// Open (issue 10): the simulator's form of GPT-2's slowdown under a cap it never reaches. Without
+// the host pauses it passes (0.969 at cap 99); with them the 2 ms queue bound takes away the
+// cushion a program's host keeps ahead of the GPU, and each pause idles the GPU: 83.0% busy at
+// cap 99 against 89.0% uncapped (0.933; 1 ms pauses: 60.8 against 73.7, 0.826). Without the bound
+// it runs at 0.999 but cap 25's 100 ms samples swing 17.7-33.2, as GPT-2's 1-s samples did on
+// the H100 (19..34, session 20); a bound of max(2 ms, the bucket's balance) passes all three caps
+// here (0.993; 48.8; 24.7), and 4 ms does too, where on the H100 neither 20 ms nor max(2 ms,
+// balance) was told apart from 2 ms in one or two rounds (GPT-2's cap-99 ratio moves 0.74-0.97
+// from round to round on main). `SIM_PRINT=1` prints the figures.
+#[test]
+#[ignore = "open, issue 10: the queue bound turns a framework's host pauses into GPU idle at cap 99 (83.0% busy of 89.0%); see the comment above"]
+fn a_cap_above_a_gpt2_like_programs_use_does_not_slow_it() {
+    check("gpt2-like step", &[(0, gpt2_like_step())], 8, &[99, 50, 25]);
+}
