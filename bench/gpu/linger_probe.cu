@@ -22,7 +22,9 @@
 //                 which cudaDeviceSynchronize on the primary context does not wait for; whether
 //                 it keeps the GPU on this process (a switch between our own two groups with
 //                 nothing to preempt, where the linger ends as the next request is launched) is
-//                 what the latency beside `train` shows.
+//                 what the latency beside `train` shows. Session 20 (H100): alone, p50 1.29 ms
+//                 against 1.16 (the switch back costs ~0.13 ms); beside `train` or GPT-2 at 50 us
+//                 the same p50 / p99 as none. Neither form helps: docs/benchmarks.md, issue 14.
 //       prints `service mode= linger_us= requests= p50_ms= p99_ms= max_ms= queued= queued_p50_ms=
 //       queued_p99_ms=` (queued: requests that arrived before the previous one returned). Alone, a mode whose
 //       p50 is LINGER_US above none's makes cudaDeviceSynchronize wait for the linger.
