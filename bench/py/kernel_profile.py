@@ -12,17 +12,8 @@ import workloads  # noqa: E402
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "gpt2"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-step = workloads.KINDS[kind]()
-for _ in range(5):
-    step()
-workloads.SYNC[0]()
+prof = workloads.profiled(kind, steps, warmup=5)
 torch = workloads.torch
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-with profile(activities=[ProfilerActivity.CUDA]) as prof:
-    for _ in range(steps):
-        step()
-    workloads.SYNC[0]()
 kernels = [(e.name, e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
            for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 kernels = [(n, us) for n, us in kernels if us > 0]

@@ -20,17 +20,7 @@ import workloads  # noqa: E402
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "gpt2"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-step = workloads.KINDS[kind]()
-for _ in range(10):
-    step()
-workloads.SYNC[0]()
-torch = workloads.torch
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    for _ in range(steps):
-        step()
-    workloads.SYNC[0]()
+prof = workloads.profiled(kind, steps, warmup=10, cpu=True)
 path = os.environ.get("TRACE") or tempfile.mktemp(suffix=".json")
 raw = path[:-3] if path.endswith(".gz") else path
 prof.export_chrome_trace(raw)

@@ -171,6 +171,21 @@ def cupy_loop():
 KINDS = dict(matmul=matmul, gpt2=gpt2, resnet=resnet, graph=graph, compile=compiled, jax=jax_mlp, cupy=cupy_loop)
 
 
+def profiled(kind, steps, warmup, cpu=False):
+    """Run `warmup` steps of a torch KIND, then profile `steps` more (CUDA activity, and the host's
+    with `cpu`) and return the torch.profiler object (bench/py/kernel_profile.py, step_trace.py)."""
+    step = KINDS[kind]()
+    for _ in range(warmup):
+        step()
+    SYNC[0]()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if cpu else [])) as prof:
+        for _ in range(steps):
+            step()
+        SYNC[0]()
+    return prof
+
+
 def main():
     kind = sys.argv[1]
     secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else float("inf")
