@@ -15,9 +15,8 @@ echo "built=$here/bin/call_cost"
 # The channel-group probe (bench/py/timeslice_probe.py preloads it): plain C, the host compiler.
 "${CC:-cc}" -shared -fPIC -O2 -o "$here/bin/tsg_probe.so" "$here/tsg_probe.c" -ldl -lpthread
 echo "built=$here/bin/tsg_probe.so"
-# The linger probe (issue 14): the driver API for its green context, so -lcuda. Not yet compiled
-# on a GPU machine (written in session 19 after the device time was spent): a failure here is
-# reported and leaves the others built.
+# The linger probe (issue 14): the driver API for its green and second contexts, so -lcuda
+# (built on the H100 in session 20). A failure here is reported and leaves the others built.
 if "$NVCC" -O2 -arch=sm_90 -o "$here/bin/linger_probe" "$here/linger_probe.cu" -lcuda "$@"; then
     echo "built=$here/bin/linger_probe"
 else

@@ -37,7 +37,7 @@ gpu_cats = {"kernel", "gpu_memcpy", "gpu_memset"}
 gpu = sorted((e for e in events if e.get("cat") in gpu_cats and e.get("ph") == "X"), key=lambda e: e["ts"])
 launch_by_corr = {}
 for e in events:
-    if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
+    if e.get("cat") in ("cuda_runtime", "cuda_driver"):
         c = e.get("args", {}).get("correlation")
         if c is not None:
             launch_by_corr[c] = e
