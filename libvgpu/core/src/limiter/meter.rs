@@ -9,7 +9,8 @@
 //! is never charged; several threads, streams or processes running at once are charged once.
 //!
 //! The gate then keeps two promises:
-//! * queued work is bounded (about `QUEUE_TARGET_NS` of estimated GPU time per process), because
+//! * queued work is bounded (under a cap, `QUEUE_TARGET_NS` or what the bucket can pay, whichever
+//!   is more, of estimated GPU time per process), because
 //!   the GPU runs whatever is queued, and measurements arrive only as work completes;
 //! * a launch waits while the container's bucket (refilled at cap x wall time) is in debt.
 
@@ -344,7 +345,8 @@ pub struct Meter<E: Copy> {
     /// Which process of the container this is (nonzero; tells context switches from idle gaps).
     pub owner: u64,
     /// Keep at most this much estimated GPU time queued, capped or not (a higher-priority
-    /// container shares the GPU: `node::lower_queue_ns`). `None`: `QUEUE_TARGET_NS` under a cap.
+    /// container shares the GPU: `node::lower_queue_ns`). `None`: under a cap, the larger of
+    /// `QUEUE_TARGET_NS` and the bucket's balance.
     pub queue_bound_ns: Option<u64>,
     /// How far ahead of its rate the container may save (`Bucket::refill_to`) while it takes
     /// turns with other containers: its part of the period (`node::Turn`). `None`:
@@ -496,7 +498,11 @@ impl<E: Copy> Meter<E> {
         }
         let cap = cap.filter(|c| *c < 100);
         let target = match (cap, self.queue_bound_ns) {
-            (Some(_), b) => b.unwrap_or(QUEUE_TARGET_NS).min(QUEUE_TARGET_NS),
+            (Some(_), Some(b)) => b.min(QUEUE_TARGET_NS),
+            // What the bucket can pay may be queued: held at 2 ms, a program under its cap lost
+            // the cushion its host keeps ahead of the GPU, and each host pause idled the GPU
+            // (`sim::gpt2_like_step`; GPT-2 training at 0.74-0.97 of its speed at cap 99 on an H100).
+            (Some(_), None) => QUEUE_TARGET_NS.max(bucket.balance().max(0) as u64),
             (None, Some(b)) => b,
             (None, None) => {
                 bucket.refill(now, 100);
