@@ -54,6 +54,8 @@ for _ in range(rounds):
         utils[mode].append(sum(us) / len(us))
         p.p.terminate()
         p.p.wait()
+        # Each run as it ends: a call cut off by its time limit still leaves the rounds it ran.
+        print(f"gate_cost round={len(rates[mode])} mode={mode} steps_per_s={rates[mode][-1]:.2f} nvml={utils[mode][-1]:.1f}", flush=True)
 base = statistics.median(rates["off"])
 for m in rates:
     r = statistics.median(rates[m])
