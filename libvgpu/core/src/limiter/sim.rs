@@ -775,7 +775,9 @@ fn phased_step() -> Pattern {
 // not what slows GPT-2, which wants a GPU trace before the next change. Session 20 (H100): no
 // bound breaks GPT-2's and ResNet-50's 1-s samples at caps 25 and 50 on the GPU as here; a 20 ms
 // bound slowed GPT-2 at cap 99 as much as 2 ms, its meter estimating 135-323 us a launch in bursts
-// after the LM head's GEMMs where most ticks read 17-50 us.
+// after the LM head's GEMMs where most ticks read 17-50 us. Session 21: with max(2 ms, balance)
+// on main, an H200's GPT-2 at cap 99 was held 2.38 s of 45 s (1.26x faster without a bound),
+// 315 small launches pending read as 134 ms: this test's lag is the lead again.
 #[test]
 #[ignore = "open, issue 10: the queue bound counts small kernels behind GEMMs at the GEMMs' length (cap 99: 71% busy of 95.5%); see the comment above"]
 fn a_cap_above_a_phased_programs_use_does_not_slow_it() {
@@ -857,9 +859,9 @@ fn gpt2_like_step() -> Pattern {
 // a program's host keeps ahead of the GPU, and each pause idled the GPU: 83.0% busy at cap 99
 // against 89.0% uncapped (0.933). Without a bound it runs at 0.999 but cap 25's 100 ms samples
 // swing 17.7-33.2, as GPT-2's 1-s samples did on the H100 (19..34, session 20). The bound of
-// max(2 ms, the bucket's balance) passes all three caps (0.993; 48.8; 24.7); on the H100 it ran
-// GPT-2 at cap 99 1.083x main's speed in four paired rounds (session 21). `SIM_PRINT=1` prints
-// the figures.
+// max(2 ms, the bucket's balance) passes all three caps (0.993; 48.8; 24.7). On an H100 it did
+// not make GPT-2 at cap 99 measurably faster (1.038x the 2 ms bound over 11 paired rounds, session
+// 21): this step guards the balance, it is not the whole of GPT-2. `SIM_PRINT=1` prints the figures.
 #[test]
 fn a_cap_above_a_gpt2_like_programs_use_does_not_slow_it() {
     check("gpt2-like step", &[(0, gpt2_like_step())], 8, &[99, 50, 25]);
