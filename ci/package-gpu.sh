@@ -6,7 +6,7 @@
 #   dist/bench/                  bench/ (CUDA-runtime benchmark source + build.sh, python scripts)
 #   dist/ci/gpu-*.sh             the commands to run there (gpu-suite.sh --help, gpu-limiter.sh,
 #                                gpu-reliability.sh, gpu-multi.sh, gpu-tests.sh, gpu-memory.sh, gpu-region.sh,
-#                                gpu-share.sh)
+#                                gpu-share.sh, gpu-candidate.sh)
 #   dist/gpu-tests/<test>        integration-test binaries for the real-GPU profile (ci/gpu-tests.sh)
 # Usage: ci/package-gpu.sh [--no-lib]   (--no-lib: package samples/bench only, without libvgpu)
 # Env: CARGO_TARGET_DIR (default target/), DIST (default dist/).
@@ -54,7 +54,7 @@ fi
 cp -r "$root/bench" "$dist/bench"
 rm -rf "$dist/bench/gpu/bin" "$dist"/bench/py/__pycache__
 cp "$root/ci/gpu-suite.sh" "$root/ci/gpu-share.sh" "$root/ci/gpu-limiter.sh" "$root/ci/gpu-reliability.sh" "$root/ci/gpu-multi.sh" \
-    "$root/ci/gpu-tests.sh" "$root/ci/gpu-bench.sh" "$root/ci/gpu-memory.sh" "$root/ci/gpu-region.sh" "$root/ci/gpu-acceptance.sh" "$dist/ci/"
+    "$root/ci/gpu-tests.sh" "$root/ci/gpu-bench.sh" "$root/ci/gpu-memory.sh" "$root/ci/gpu-region.sh" "$root/ci/gpu-acceptance.sh" "$root/ci/gpu-candidate.sh" "$dist/ci/"
 # The integration tests that run on a real GPU too (VGPU_TEST_PROFILE=real; see gpu-tests/src/lib.rs).
 if [ $with_lib = 1 ]; then
     mkdir -p "$dist/gpu-tests"
