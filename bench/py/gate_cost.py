@@ -3,7 +3,7 @@ hook, with the hook and no cap (fast path), and with the hook at cap 99 (every l
 timed and measured, the budget almost never binding). Interleaved rounds; prints each mode's
 median steps/s and its ratio to no hook, with NVML's utilization during the run.
 With ALT=PATH (another build of the hook) each round also runs it (`alt_nocap`, `alt_cap99`), and
-the last line compares the two builds round by round (GPT-2's cap-99 ratio moves 0.74-0.97
+the last line compares the two builds round by round (GPT-2's cap-99 ratio moves 0.74-1.02
 between rounds on an H100: only pairs in one round tell builds apart). MODES narrows the modes
 run (`off` is always run: the ratios are to it).
 usage: gate_cost.py KIND [SECONDS] [ROUNDS]   (env DIST, ALT, MODES)"""

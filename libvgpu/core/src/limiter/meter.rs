@@ -501,7 +501,8 @@ impl<E: Copy> Meter<E> {
             (Some(_), Some(b)) => b.min(QUEUE_TARGET_NS),
             // What the bucket can pay may be queued: held at 2 ms, a program under its cap lost
             // the cushion its host keeps ahead of the GPU, and each host pause idled the GPU
-            // (`sim::gpt2_like_step`; GPT-2 training at 0.74-0.97 of its speed at cap 99 on an H100).
+            // (`sim::gpt2_like_step`). On an H100 GPT-2 at cap 99 was not measurably faster for
+            // it (1.038x over 11 paired rounds): docs/design.md, "Compute limiter".
             (Some(_), None) => QUEUE_TARGET_NS.max(bucket.balance().max(0) as u64),
             (None, Some(b)) => b,
             (None, None) => {
