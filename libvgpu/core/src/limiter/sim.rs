@@ -387,7 +387,10 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
                     let ev = (start_ev.is_some() || p.meter.wants_end_event(key, now)).then(|| g.record(key, th.proc, arrive));
                     (start_ev, ev)
                 };
-                p.meter.launched(key, start_ev, ev, now, &mut p.evs);
+                // Its kind, as the glue names it: one kernel function per length (the random
+                // patterns: one function whose length varies, as test_streams --random).
+                let kind = kinds::kernel_kind(if th.pat.random { 1 } else { dur }, 1);
+                p.meter.launched_kind(key, kind, start_ev, ev, now, &mut p.evs);
                 th.launches += 1;
                 let cpu = match th.pat.cpu_ns.len() {
                     0 => 0,
