@@ -571,14 +571,16 @@ impl<E: Copy> Meter<E> {
             // the cushion its host keeps ahead of the GPU, and each host pause idled the GPU
             // (`sim::gpt2_like_step`; GPT-2 training at 0.74-0.97 of its speed at cap 99 on an H100).
             (Some(c), None) => {
-                // What the bucket can pay for the queue as it drains: its balance, plus the
-                // refill at the cap while the GPU runs it (balance / (1 - cap)), but no more
-                // than the bucket saves (a queue deeper than that reads over the cap in a
-                // 100 ms sample: two 10 ms kernels at cap 10).
                 let save = self.burst_ns.unwrap_or_else(|| super::save_ns(c));
-                let balance = bucket.balance_at(now, c, save).max(0) as u128;
-                let payable = (balance * 100 / (100 - c.min(99)) as u128).min(save.max(0) as u128) as u64;
-                QUEUE_TARGET_NS.max(payable)
+                let balance = bucket.balance_at(now, c, save).max(0) as u64;
+                // Beyond the balance, the refill at the cap while the GPU runs the queue
+                // (balance / (1 - cap)), no more than the bucket saves, and only for a launch
+                // that fits whole: past it, the queue runs over the cap in a 100 ms sample (two
+                // 10 ms kernels at cap 10).
+                let payable = (balance as u128 * 100 / (100 - c.min(99)) as u128).min(save.max(0) as u128) as u64;
+                let next = self.streams.iter().find(|s| s.key == key).map_or(0, |s| s.est_ns);
+                let base = QUEUE_TARGET_NS.max(balance);
+                if self.queued_est_ns().saturating_add(next) <= payable { payable.max(base) } else { base }
             }
             (None, Some(b)) => b,
             (None, None) => {
@@ -1089,6 +1091,37 @@ mod tests {
             assert_eq!(meter.gate(&mut evs, &b, None, 1, T0 + i as u64 * MS), Step::Go);
         }
         assert!(b.balance() >= 0);
+    }
+
+    /// A 1 ms GEMM and a 10 us kernel measured once each on stream 1, then one more small
+    /// kernel with an event and `n` without (named by their kind, or of unknown kind): may a
+    /// further launch go under a cap of 50 (a 2 ms queue target, the bucket empty)?
+    fn small_kernels_behind_a_gemm_may_queue(by_kind: bool, n: u32) -> bool {
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 50);
+        let (gemm, tiny) = (crate::limiter::kinds::kernel_kind(0x1000, 132), crate::limiter::kinds::kernel_kind(0x2000, 8));
+        meter.launched_kind(1, gemm, None, Some(1), T0, &mut evs);
+        meter.launched_kind(1, tiny, None, Some(2), T0 + 1_100_000, &mut evs);
+        evs.states.insert(1, EventState::Done(T0 + MS));
+        evs.states.insert(2, EventState::Done(T0 + 1_110_000));
+        meter.poll(&mut evs, &b, T0 + 1_200_000);
+        let kind = if by_kind { tiny } else { 0 };
+        meter.launched_kind(1, kind, None, Some(3), T0 + 1_300_000, &mut evs);
+        for i in 0..n {
+            meter.launched_kind(1, kind, None, None, T0 + 1_310_000 + i as u64 * 1_000, &mut evs);
+        }
+        meter.gate(&mut evs, &b, Some(50), 1, T0 + 2 * MS) == Step::Go
+    }
+
+    #[test]
+    fn small_kernels_queued_behind_a_gemm_count_at_their_own_length() {
+        // The stream's per-launch estimate is the GEMM's and the small kernel's average (about
+        // 0.5 ms): fifty small kernels read as 25 ms and held the host while the GPU had 0.5 ms
+        // (GPT-2 on an H200: 315 launches pending read as 134 ms). Valued by their kind they go.
+        assert!(small_kernels_behind_a_gemm_may_queue(true, 50));
+        assert!(!small_kernels_behind_a_gemm_may_queue(false, 50), "without a kind they are valued at the stream's estimate");
+        assert!(!small_kernels_behind_a_gemm_may_queue(true, 300), "300 of them are 3 ms: over the target");
     }
 
     #[test]
