@@ -495,8 +495,8 @@ impl<E: Copy> Meter<E> {
                 }
                 let head = st.pending.pop_front().expect("front exists");
                 st.pending_launches -= head.launches as u64;
-                st.pending_value_ns -= head.value_ns;
-                st.pending_unvalued -= head.unvalued as u64;
+                st.pending_value_ns = st.pending_value_ns.saturating_sub(head.value_ns);
+                st.pending_unvalued = st.pending_unvalued.saturating_sub(head.unvalued as u64);
                 evs.release(head.ev);
                 let began = match head.start_ev {
                     Some(se) => {
@@ -565,6 +565,7 @@ impl<E: Copy> Meter<E> {
             self.poll(evs, bucket, now);
         }
         let cap = cap.filter(|c| *c < 100);
+        let mut queued_now = None; // walked once, and only where needed
         let target = match (cap, self.queue_bound_ns) {
             (Some(_), Some(b)) => b.min(QUEUE_TARGET_NS),
             // What the bucket can pay may be queued: held at 2 ms, a program under its cap lost
@@ -580,7 +581,8 @@ impl<E: Copy> Meter<E> {
                 let payable = (balance as u128 * 100 / (100 - c.min(99)) as u128).min(save.max(0) as u128) as u64;
                 let next = self.streams.iter().find(|s| s.key == key).map_or(0, |s| s.est_ns);
                 let base = QUEUE_TARGET_NS.max(balance);
-                if self.queued_est_ns().saturating_add(next) <= payable { payable.max(base) } else { base }
+                let queued = *queued_now.insert(self.queued_est_ns());
+                if queued.saturating_add(next) <= payable { payable.max(base) } else { base }
             }
             (None, Some(b)) => b,
             (None, None) => {
@@ -590,7 +592,7 @@ impl<E: Copy> Meter<E> {
         };
         let i = self.track(key, now);
         // 1. Bound our queue: the GPU runs whatever is queued, budget or not.
-        let mut queued = self.queued_est_ns();
+        let mut queued = queued_now.unwrap_or_else(|| self.queued_est_ns());
         if queued >= target && self.polled_ns != now {
             self.poll(evs, bucket, now); // decide on fresh completions
             queued = self.queued_est_ns();
