@@ -19,6 +19,8 @@ const SLOTS: usize = 1024;
 const PROBE: usize = 8;
 /// New measurements weigh 1/`WEIGHT` against a kind's estimate.
 const WEIGHT: u64 = 4;
+/// A kind with no back-to-back measurement for this long learns from any (`KindTable::learn`).
+pub const STALE_NS: u64 = 200_000_000;
 /// Distinct kinds one batch keeps apart; launches of further kinds are valued and learned at
 /// the stream's estimate (`Bag::other`).
 pub const BAG_KINDS: usize = 4;
@@ -62,12 +64,20 @@ impl Bag {
 
 /// Per-kind estimates of GPU time per launch, a fixed table (no allocation on the launch path).
 pub struct KindTable {
-    slots: Box<[(u64, u64)]>,
+    slots: Box<[Slot]>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    kind: u64,
+    est_ns: u64,
+    /// When a back-to-back batch last taught it.
+    backlogged_ns: u64,
 }
 
 impl Default for KindTable {
     fn default() -> Self {
-        KindTable { slots: vec![(0, 0); SLOTS].into_boxed_slice() }
+        KindTable { slots: vec![Slot::default(); SLOTS].into_boxed_slice() }
     }
 }
 
@@ -78,14 +88,18 @@ impl KindTable {
 
     /// What a launch of `kind` is thought to take (`None`: not learned yet).
     pub fn get(&self, kind: u64) -> Option<u64> {
-        let h = Self::home(kind);
-        (0..PROBE).map(|i| self.slots[(h + i) % SLOTS]).find(|s| s.0 == kind && s.1 > 0).map(|s| s.1)
+        self.slot(kind).map(|s| s.est_ns)
     }
 
-    fn set(&mut self, kind: u64, est_ns: u64) {
+    fn slot(&self, kind: u64) -> Option<Slot> {
         let h = Self::home(kind);
-        let i = (0..PROBE).map(|i| (h + i) % SLOTS).find(|&i| self.slots[i].0 == kind || self.slots[i].0 == 0).unwrap_or(h);
-        self.slots[i] = (kind, est_ns.max(1));
+        (0..PROBE).map(|i| self.slots[(h + i) % SLOTS]).find(|s| s.kind == kind && s.est_ns > 0)
+    }
+
+    fn set(&mut self, kind: u64, est_ns: u64, backlogged_ns: u64) {
+        let h = Self::home(kind);
+        let i = (0..PROBE).map(|i| (h + i) % SLOTS).find(|&i| self.slots[i].kind == kind || self.slots[i].kind == 0).unwrap_or(h);
+        self.slots[i] = Slot { kind, est_ns: est_ns.max(1), backlogged_ns };
     }
 
     /// What the launches of `bag` are thought to take, `fallback_ns` a launch for the others.
@@ -97,23 +111,28 @@ impl KindTable {
     /// The launches of `bag` took `interval_ns` together: each kind learns its part, split in
     /// proportion to what each was thought to take (`fallback_ns` for the unknown). Unless they
     /// were `backlogged` (all queued before the GPU reached them), the interval also holds the
-    /// host's time between them, and teaches only kinds not learned yet: small kernels a host
-    /// launches one by one read 25 us where they take 5 us behind a GEMM (the simulator's phased
-    /// step).
-    pub fn learn(&mut self, bag: &Bag, interval_ns: u64, fallback_ns: u64, backlogged: bool) {
+    /// host's time between them, and teaches only kinds not learned yet, or not learned back to
+    /// back for `STALE_NS`: small kernels a host launches one by one read 25 us where they take
+    /// 5 us behind a GEMM (the simulator's phased step), but a kind learned while another
+    /// container shared the GPU must come down once the stream no longer backs up (the node
+    /// tests: a low-priority container ran at a fifth of its speed after the high one left).
+    pub fn learn(&mut self, bag: &Bag, interval_ns: u64, fallback_ns: u64, backlogged: bool, now: u64) {
         let thought = self.value(bag, fallback_ns).max(1) as u128;
         for (k, _) in bag.known() {
-            let prior = self.get(k);
-            if prior.is_some() && !backlogged {
+            let slot = self.slot(k);
+            let prior = slot.map(|s| s.est_ns);
+            let fresh = slot.is_some_and(|s| now.saturating_sub(s.backlogged_ns) < STALE_NS);
+            if !backlogged && fresh {
                 continue;
             }
+            let backlogged_ns = if backlogged { now } else { slot.map_or(0, |s| s.backlogged_ns) };
             // Per launch: the interval times this launch's part of what the batch was thought to take.
             let share = (interval_ns as u128 * prior.unwrap_or(fallback_ns) as u128 / thought) as u64;
             let est = match prior {
                 None => share,
                 Some(e) => e - e / WEIGHT + share / WEIGHT,
             };
-            self.set(k, est);
+            self.set(k, est, backlogged_ns);
         }
     }
 }
@@ -131,7 +150,7 @@ mod tests {
     #[test]
     fn a_batch_of_one_kind_teaches_it_its_length() {
         let mut t = KindTable::default();
-        t.learn(&bag(&[7, 7, 7, 7]), 4_000_000, 20_000, true);
+        t.learn(&bag(&[7, 7, 7, 7]), 4_000_000, 20_000, true, 0);
         assert_eq!(t.get(7), Some(1_000_000));
         assert_eq!(t.value(&bag(&[7, 7, 9]), 20_000), 2_020_000, "an unknown kind is valued at the fallback");
     }
@@ -144,7 +163,7 @@ mod tests {
         for i in 0..200 {
             let m = mixes[i % mixes.len()];
             let truth: u64 = m.iter().map(|&k| if k == 1 { 1_000_000 } else { 10_000 }).sum();
-            t.learn(&bag(m), truth, 100_000, true);
+            t.learn(&bag(m), truth, 100_000, true, 0);
         }
         let (gemm, small) = (t.get(1).unwrap(), t.get(2).unwrap());
         assert!((950_000..=1_050_000).contains(&gemm), "gemm {gemm}");
@@ -152,6 +171,19 @@ mod tests {
         // 300 small kernels behind the GEMMs are worth 3 ms, not 300 GEMMs.
         let behind = bag(&[2; 300]);
         assert!(t.value(&behind, 1_000_000) < 4_000_000);
+    }
+
+    #[test]
+    fn host_paced_batches_teach_a_kind_only_once_its_back_to_back_figure_is_stale() {
+        let mut t = KindTable::default();
+        let s = 1_000_000_000;
+        t.learn(&bag(&[3]), 5_000_000, 20_000, true, s); // back to back, beside another container
+        t.learn(&bag(&[3]), 1_000_000, 20_000, false, s + STALE_NS / 2);
+        assert_eq!(t.get(3), Some(5_000_000), "host time between launches says nothing while fresh");
+        t.learn(&bag(&[3]), 1_000_000, 20_000, false, s + STALE_NS);
+        assert_eq!(t.get(3), Some(4_000_000), "stale: it comes down");
+        t.learn(&bag(&[3]), 1_000_000, 20_000, false, s + STALE_NS + 1);
+        assert_eq!(t.get(3), Some(3_250_000), "and keeps coming down");
     }
 
     #[test]
@@ -165,7 +197,7 @@ mod tests {
     fn a_full_neighbourhood_takes_over_a_slot_and_lookups_stay_exact() {
         let mut t = KindTable::default();
         for k in 1..=5_000u64 {
-            t.set(k, k);
+            t.set(k, k, 0);
         }
         for k in 1..=5_000u64 {
             if let Some(v) = t.get(k) {

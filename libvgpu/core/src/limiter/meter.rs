@@ -527,7 +527,7 @@ impl<E: Copy> Meter<E> {
                 let end = clipped;
                 st.last_end_ns = end;
                 if head.clip_ns.is_none() {
-                    self.kinds.learn(&head.bag, end - start, st.est_ns, backlogged);
+                    self.kinds.learn(&head.bag, end - start, st.est_ns, backlogged, now);
                     st.learn(end - start, head.launches, contended, now);
                 }
                 self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now, owner);
