@@ -98,17 +98,21 @@ struct Gated {
     ctx: usize,
     start_ev: Option<Ev>,
     submit_ns: u64,
+    /// The launch's kind (`vgpu_core::limiter::kinds`; 0: unknown).
+    kind: u64,
 }
 
 /// Called by every launch shim before the real launch. May block (bounded) when over budget.
 /// `ptsz`: the shim is a `_ptsz` entry point (stream 0 = the per-thread default stream).
+/// `kind`: what the launch runs (`vgpu_core::limiter::kinds::kernel_kind`; 0: unknown), so its
+/// queued work is valued at what that kind took before.
 #[inline]
-pub fn before_launch(stream: CUstream, ptsz: bool) -> LaunchTicket {
+pub fn before_launch(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
     if !GATE.load(Relaxed) {
         note_launch();
         return LaunchTicket::default();
     }
-    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz))
+    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz, kind))
 }
 
 /// Called by every launch shim after the real launch with its result.
@@ -411,7 +415,7 @@ fn launch_device(ps: &ProcState) -> Option<usize> {
 }
 
 #[inline(never)]
-fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
+fn gated_before(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
     note_launch();
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
@@ -495,7 +499,7 @@ fn gated_before(stream: CUstream, ptsz: bool) -> LaunchTicket {
     if submit_ns.saturating_sub(bucket.s.last_launch_ns.load(Relaxed)) > 1_000_000 {
         bucket.s.last_launch_ns.store(submit_ns, Relaxed);
     }
-    LaunchTicket { gated: Some(Gated { dev, key, record_on, ctx, start_ev, submit_ns }) }
+    LaunchTicket { gated: Some(Gated { dev, key, record_on, ctx, start_ev, submit_ns, kind }) }
 }
 
 /// The context clock of the launch's stream, and a start event when the stream is idle (its
@@ -521,7 +525,7 @@ fn gated_after(t: Gated, result: i32) {
     }
     // A start event needs its end event; otherwise one event per `EVENT_SPACING_NS`.
     let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on, false) } else { None };
-    g.meter.launched(t.key, t.start_ev, ev, t.submit_ns, &mut g.events);
+    g.meter.launched_kind(t.key, t.kind, t.start_ev, ev, t.submit_ns, &mut g.events);
     g.events.settle();
     // The queue estimate walks every stream: only when the node file wants it.
     crate::node::declare(t.dev, t.submit_ns, || g.meter.queued_est_ns());

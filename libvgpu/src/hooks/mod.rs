@@ -10,6 +10,8 @@
 //!   process state);
 //! * `init`: lazy init, then the real call unchanged (e.g. `cuInit`);
 //! * `launch(stream_expr)`: `launch::before_launch(stream)`, real call, `launch::after_launch`;
+//!   `launch(kind = kind_expr; stream_expr)` also names the launch's kind (its function and grid,
+//!   or its graph), so the queue bound values it at what that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
 //! * `sync`: real call, then `launch::after_sync()` and `physmem::after_sync()` (pools).
 //!
@@ -79,7 +81,7 @@ macro_rules! shim {
             }
         })
     };
-    ($lib:ident launch ($stream:expr) $name:ident [$($arg:ident),*]) => {
+    ($lib:ident launch (kind = $kind:expr; $stream:expr) $name:ident [$($arg:ident),*]) => {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
             #[allow(unused_unsafe)]
             unsafe {
@@ -87,12 +89,15 @@ macro_rules! shim {
                 let stream: $crate::ffi::CUstream = $stream;
                 // Decided at compile time: nothing added to the launch path.
                 const PER_THREAD: bool = $crate::hooks::per_thread_stream(stringify!($name));
-                let ticket = $crate::launch::before_launch(stream, PER_THREAD);
+                let ticket = $crate::launch::before_launch(stream, PER_THREAD, $kind);
                 let r = f($($arg),*);
                 $crate::launch::after_launch(ticket, r);
                 r
             }
         })
+    };
+    ($lib:ident launch ($stream:expr) $name:ident [$($arg:ident),*]) => {
+        shim!($lib launch (kind = 0; $stream) $name [$($arg),*])
     };
     ($lib:ident sync () $name:ident [$($arg:ident),*]) => {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {

@@ -17,6 +17,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::kinds::{Bag, KindTable};
 use super::{Bucket, CapPercent, Clock, DEBT_SLEEP_NS, MAX_HOLD_NS};
 
 /// Which stream a launch went to, as the glue names it (per-thread default streams differ per
@@ -108,6 +109,13 @@ struct Submitted<E> {
     /// Earliest time the covered launches could start (host submit time of the first).
     submit_ns: u64,
     launches: u32,
+    /// Their kinds; what those of a learned kind were thought to take when launched, and how
+    /// many others there are (valued at the stream's estimate of the moment).
+    bag: Bag,
+    value_ns: u64,
+    unvalued: u32,
+    /// When the last of them was submitted.
+    last_submit_ns: u64,
     /// `ev` was recorded before a later launch, after a pause: it completed when these launches
     /// did, or (the stream idle) only when the GPU reached it. Their interval is clipped to this
     /// much after its start.
@@ -118,9 +126,15 @@ struct StreamTrack<E> {
     key: StreamKey,
     pending: VecDeque<Submitted<E>>,
     pending_launches: u64,
+    /// What the pending launches of a learned kind were thought to take, and how many others.
+    pending_value_ns: u64,
+    pending_unvalued: u64,
     /// Launches whose event could not be recorded: folded into the next event, or charged up to
-    /// the next synchronize.
+    /// the next synchronize; their kinds and what they are thought to take.
     unevented: u32,
+    unevented_bag: Bag,
+    unevented_value_ns: u64,
+    unevented_unvalued: u32,
     unevented_since_ns: u64,
     /// Submit time of the latest launch without an event.
     unevented_last_ns: u64,
@@ -170,7 +184,12 @@ impl<E: Copy> StreamTrack<E> {
             key,
             pending: VecDeque::new(),
             pending_launches: 0,
+            pending_value_ns: 0,
+            pending_unvalued: 0,
             unevented: 0,
+            unevented_bag: Bag::default(),
+            unevented_value_ns: 0,
+            unevented_unvalued: 0,
             unevented_since_ns: 0,
             unevented_last_ns: 0,
             recorded_ns: 0,
@@ -280,27 +299,67 @@ impl<E: Copy> StreamTrack<E> {
     fn close_between(&mut self, start: u64, end: u64, bucket: &Bucket<'_>, now: u64, owner: u64) -> u64 {
         let end = now.min(end).max(start);
         self.last_end_ns = end;
-        self.unevented = 0;
+        self.take_unevented();
         bucket.charge(start, end, 1000, now, owner)
     }
 
-    /// When `launches` launches, the first submitted at `first_submit_ns`, will probably be done:
-    /// they start no earlier than the stream's last known end.
-    fn expected_end(&self, first_submit_ns: u64, launches: u64) -> u64 {
-        first_submit_ns.max(self.last_end_ns).saturating_add(self.est_ns.saturating_mul(launches))
+    /// A launch of `kind` thought to take `value_ns` (`None`: not learned) joins the launches
+    /// without an event.
+    fn add_unevented(&mut self, kind: u64, value_ns: Option<u64>) {
+        self.unevented += 1;
+        self.unevented_bag.add(kind);
+        match value_ns {
+            Some(v) => self.unevented_value_ns = self.unevented_value_ns.saturating_add(v),
+            None => self.unevented_unvalued += 1,
+        }
+    }
+
+    /// Forget the launches without an event: (how many, their kinds, value, unvalued).
+    fn take_unevented(&mut self) -> (u32, Bag, u64, u32) {
+        let bag = std::mem::take(&mut self.unevented_bag);
+        (std::mem::take(&mut self.unevented), bag, std::mem::take(&mut self.unevented_value_ns), std::mem::take(&mut self.unevented_unvalued))
+    }
+
+    /// The launches without an event get `ev`: they become one pending batch.
+    fn push_unevented(&mut self, ev: E, start_ev: Option<E>, clip_ns: Option<u64>) {
+        let (submit_ns, last_submit_ns) = (self.unevented_since_ns, self.unevented_last_ns);
+        let (launches, bag, value_ns, unvalued) = self.take_unevented();
+        self.pending.push_back(Submitted { ev, start_ev, submit_ns, launches, bag, value_ns, unvalued, last_submit_ns, clip_ns });
+        self.pending_launches += launches as u64;
+        self.pending_value_ns = self.pending_value_ns.saturating_add(value_ns);
+        self.pending_unvalued += unvalued as u64;
+    }
+
+    /// GPU time thought queued: launches of a learned kind at what each was thought to take,
+    /// the others at the stream's estimate.
+    fn queued_value_ns(&self) -> u64 {
+        let unvalued = self.pending_unvalued + self.unevented_unvalued as u64;
+        (self.pending_value_ns + self.unevented_value_ns).saturating_add(unvalued.saturating_mul(self.est_ns))
+    }
+
+    /// When work thought to take `value_ns`, the first of it submitted at `first_submit_ns`, will
+    /// probably be done: it starts no earlier than the stream's last known end.
+    fn expected_end(&self, first_submit_ns: u64, value_ns: u64) -> u64 {
+        first_submit_ns.max(self.last_end_ns).saturating_add(value_ns)
     }
 
     /// When everything queued on the stream will probably be done (`None`: nothing queued).
     fn queued_end(&self) -> Option<u64> {
         let queued = self.pending_launches + self.unevented as u64;
         let first = self.pending.front().map_or(self.unevented_since_ns, |h| h.submit_ns);
-        (queued > 0).then(|| self.expected_end(first, queued))
+        (queued > 0).then(|| self.expected_end(first, self.queued_value_ns()))
+    }
+
+    /// What the oldest pending batch is thought to take.
+    fn head_value_ns(&self) -> u64 {
+        self.pending.front().map_or(0, |h| h.value_ns.saturating_add((h.unvalued as u64).saturating_mul(self.est_ns)))
     }
 
     /// When the oldest pending launch will probably be done.
     fn head_expected_end(&self) -> u64 {
-        self.pending.front().map_or(0, |h| self.expected_end(h.submit_ns, h.launches as u64))
+        self.pending.front().map_or(0, |h| self.expected_end(h.submit_ns, self.head_value_ns()))
     }
+
 }
 
 /// What `Meter::start_event` found for a launch's stream.
@@ -335,6 +394,8 @@ pub struct MeterStats {
 /// One process's meter and gate for one device.
 pub struct Meter<E: Copy> {
     streams: Vec<StreamTrack<E>>,
+    /// What each kind of launch takes: queued work is valued launch by launch (`kinds`).
+    kinds: KindTable,
     /// Busy time this process's intervals added to the container's union (ns).
     pub charged_total_ns: u64,
     launches: u64,
@@ -359,6 +420,7 @@ impl<E: Copy> Default for Meter<E> {
     fn default() -> Self {
         Meter {
             streams: Vec::new(),
+            kinds: KindTable::default(),
             charged_total_ns: 0,
             launches: 0,
             polled_ns: 0,
@@ -389,7 +451,7 @@ impl<E: Copy> Meter<E> {
 
     /// Estimated GPU time of everything we have queued.
     pub fn queued_est_ns(&self) -> u64 {
-        self.streams.iter().map(|s| (s.pending_launches + s.unevented as u64).saturating_mul(s.est_ns)).sum()
+        self.streams.iter().map(StreamTrack::queued_value_ns).sum()
     }
 
     fn track(&mut self, key: StreamKey, now: u64) -> usize {
@@ -433,6 +495,8 @@ impl<E: Copy> Meter<E> {
                 }
                 let head = st.pending.pop_front().expect("front exists");
                 st.pending_launches -= head.launches as u64;
+                st.pending_value_ns = st.pending_value_ns.saturating_sub(head.value_ns);
+                st.pending_unvalued = st.pending_unvalued.saturating_sub(head.unvalued as u64);
                 evs.release(head.ev);
                 let began = match head.start_ev {
                     Some(se) => {
@@ -449,6 +513,9 @@ impl<E: Copy> Meter<E> {
                     None => head.submit_ns,
                 };
                 let EventState::Done(t) = state else { continue };
+                // All of them were queued before the stream's earlier work ended: the interval is
+                // their GPU time alone, no host time between them.
+                let backlogged = st.last_end_ns >= head.last_submit_ns;
                 let start = st.last_end_ns.max(began);
                 let end = t.max(start);
                 let clipped = head.clip_ns.map_or(end, |c| end.min(start.saturating_add(c)));
@@ -460,6 +527,7 @@ impl<E: Copy> Meter<E> {
                 let end = clipped;
                 st.last_end_ns = end;
                 if head.clip_ns.is_none() {
+                    self.kinds.learn(&head.bag, end - start, st.est_ns, backlogged, now);
                     st.learn(end - start, head.launches, contended, now);
                 }
                 self.charged_total_ns += bucket.charge(start, end, st.share_milli(contended), now, owner);
@@ -497,13 +565,26 @@ impl<E: Copy> Meter<E> {
             self.poll(evs, bucket, now);
         }
         let cap = cap.filter(|c| *c < 100);
+        let mut queued_now = None; // walked once, and only where needed
         let target = match (cap, self.queue_bound_ns) {
             (Some(_), Some(b)) => b.min(QUEUE_TARGET_NS),
             // What the bucket can pay may be queued: held at 2 ms, a program under its cap lost
             // the cushion its host keeps ahead of the GPU, and each host pause idled the GPU
-            // (`sim::gpt2_like_step`). On an H100 GPT-2 at cap 99 was not measurably faster for
-            // it (1.038x over 11 paired rounds): docs/design.md, "Compute limiter".
-            (Some(_), None) => QUEUE_TARGET_NS.max(bucket.balance().max(0) as u64),
+            // (`sim::gpt2_like_step`). Queued work is valued per launch kind (limiter::kinds): GPT-2
+            // at cap 99 on an H100 ran 1.076x the per-stream estimate's speed (6 paired rounds, session 22).
+            (Some(c), None) => {
+                let save = self.burst_ns.unwrap_or_else(|| super::save_ns(c));
+                let balance = bucket.balance_at(now, c, save).max(0) as u64;
+                // Beyond the balance, the refill at the cap while the GPU runs the queue
+                // (balance / (1 - cap)), no more than the bucket saves, and only for a launch
+                // that fits whole: past it, the queue runs over the cap in a 100 ms sample (two
+                // 10 ms kernels at cap 10).
+                let payable = (balance as u128 * 100 / (100 - c.min(99)) as u128).min(save.max(0) as u128) as u64;
+                let next = self.streams.iter().find(|s| s.key == key).map_or(0, |s| s.est_ns);
+                let base = QUEUE_TARGET_NS.max(balance);
+                let queued = *queued_now.insert(self.queued_est_ns());
+                if queued.saturating_add(next) <= payable { payable.max(base) } else { base }
+            }
             (None, Some(b)) => b,
             (None, None) => {
                 bucket.refill(now, 100);
@@ -512,7 +593,7 @@ impl<E: Copy> Meter<E> {
         };
         let i = self.track(key, now);
         // 1. Bound our queue: the GPU runs whatever is queued, budget or not.
-        let mut queued = self.queued_est_ns();
+        let mut queued = queued_now.unwrap_or_else(|| self.queued_est_ns());
         if queued >= target && self.polled_ns != now {
             self.poll(evs, bucket, now); // decide on fresh completions
             queued = self.queued_est_ns();
@@ -605,6 +686,12 @@ impl<E: Copy> Meter<E> {
     /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
     /// recorded after it (`None`: recording failed), `start_ev` the one recorded before it.
     pub fn launched(&mut self, key: StreamKey, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {
+        self.launched_kind(key, 0, start_ev, ev, submit_ns, evs);
+    }
+
+    /// `launched`, for a launch of `kind` (`kinds::kernel_kind`; 0: unknown, valued at its
+    /// stream's estimate).
+    pub fn launched_kind(&mut self, key: StreamKey, kind: u64, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {
         self.launches += 1;
         let i = self.track(key, submit_ns);
         let st = &mut self.streams[i];
@@ -615,9 +702,7 @@ impl<E: Copy> Meter<E> {
             // have gone idle during the pause; if it was still busy, this launch's interval,
             // which starts at its submission, covers the rest).
             let clip = (st.unevented as u64).saturating_mul(st.est_ns);
-            st.pending.push_back(Submitted { ev: se, start_ev: None, submit_ns: st.unevented_since_ns, launches: st.unevented, clip_ns: Some(clip) });
-            st.pending_launches += st.unevented as u64;
-            st.unevented = 0;
+            st.push_unevented(se, None, Some(clip));
             st.recorded_ns = submit_ns;
             start_ev = None;
         }
@@ -629,16 +714,14 @@ impl<E: Copy> Meter<E> {
             let idle = st.pending.is_empty() && start_ev.is_none();
             st.unevented_since_ns = submit_ns + if idle { st.start_lat_ns } else { 0 };
         }
-        st.unevented += 1;
+        st.add_unevented(kind, (kind != 0).then(|| self.kinds.get(kind)).flatten());
         st.unevented_last_ns = submit_ns;
         // The first launch since a synchronize that found the stream idle; a second one is not.
         st.lone_after_sync = std::mem::take(&mut st.synced_idle);
         match ev {
             Some(ev) => {
                 st.recorded_ns = submit_ns;
-                st.pending.push_back(Submitted { ev, start_ev, submit_ns: st.unevented_since_ns, launches: st.unevented, clip_ns: None });
-                st.pending_launches += st.unevented as u64;
-                st.unevented = 0;
+                st.push_unevented(ev, start_ev, None);
             }
             None => {
                 if let Some(se) = start_ev {
@@ -658,9 +741,7 @@ impl<E: Copy> Meter<E> {
     /// The event recorded on `key` at `now` for the launches without one (`wants_flush_event`).
     pub fn flushed(&mut self, key: StreamKey, ev: E, now: u64) {
         let Some(st) = self.streams.iter_mut().find(|s| s.key == key && s.unevented > 0) else { return };
-        st.pending.push_back(Submitted { ev, start_ev: None, submit_ns: st.unevented_since_ns, launches: st.unevented, clip_ns: None });
-        st.pending_launches += st.unevented as u64;
-        st.unevented = 0;
+        st.push_unevented(ev, None, None);
         st.recorded_ns = now;
     }
 
@@ -1013,6 +1094,37 @@ mod tests {
             assert_eq!(meter.gate(&mut evs, &b, None, 1, T0 + i as u64 * MS), Step::Go);
         }
         assert!(b.balance() >= 0);
+    }
+
+    /// A 1 ms GEMM and a 10 us kernel measured once each on stream 1, then one more small
+    /// kernel with an event and `n` without (named by their kind, or of unknown kind): may a
+    /// further launch go under a cap of 50 (a 2 ms queue target, the bucket empty)?
+    fn small_kernels_behind_a_gemm_may_queue(by_kind: bool, n: u32) -> bool {
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 50);
+        let (gemm, tiny) = (crate::limiter::kinds::kernel_kind(0x1000, 132), crate::limiter::kinds::kernel_kind(0x2000, 8));
+        meter.launched_kind(1, gemm, None, Some(1), T0, &mut evs);
+        meter.launched_kind(1, tiny, None, Some(2), T0 + 1_100_000, &mut evs);
+        evs.states.insert(1, EventState::Done(T0 + MS));
+        evs.states.insert(2, EventState::Done(T0 + 1_110_000));
+        meter.poll(&mut evs, &b, T0 + 1_200_000);
+        let kind = if by_kind { tiny } else { 0 };
+        meter.launched_kind(1, kind, None, Some(3), T0 + 1_300_000, &mut evs);
+        for i in 0..n {
+            meter.launched_kind(1, kind, None, None, T0 + 1_310_000 + i as u64 * 1_000, &mut evs);
+        }
+        meter.gate(&mut evs, &b, Some(50), 1, T0 + 2 * MS) == Step::Go
+    }
+
+    #[test]
+    fn small_kernels_queued_behind_a_gemm_count_at_their_own_length() {
+        // The stream's per-launch estimate is the GEMM's and the small kernel's average (about
+        // 0.5 ms): fifty small kernels read as 25 ms and held the host while the GPU had 0.5 ms
+        // (GPT-2 on an H200: 315 launches pending read as 134 ms). Valued by their kind they go.
+        assert!(small_kernels_behind_a_gemm_may_queue(true, 50));
+        assert!(!small_kernels_behind_a_gemm_may_queue(false, 50), "without a kind they are valued at the stream's estimate");
+        assert!(!small_kernels_behind_a_gemm_may_queue(true, 300), "300 of them are 3 ms: over the target");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 pub mod busy;
 pub mod calibrate;
 pub mod eventclock;
+pub mod kinds;
 pub mod meter;
 pub mod tenants;
 
@@ -200,6 +201,18 @@ impl Bucket<'_> {
 
     pub fn balance(&self) -> i64 {
         self.s.tokens_ns.load(Acquire)
+    }
+
+    /// The balance a refill at `now` would leave (`refill_to`), without refilling: the bucket
+    /// is refilled only where the budget is checked, so a thread held before that check read a
+    /// balance that only fell.
+    pub fn balance_at(&self, now: u64, cap: u32, burst_ns: i64) -> i64 {
+        let (balance, last) = (self.balance(), self.s.refilled_at_ns.load(Acquire));
+        if last == 0 || now <= last {
+            return balance;
+        }
+        let add = ((now - last) as u128 * cap as u128 / 100).min(i64::MAX as u128) as i64;
+        balance.max(balance.saturating_add(add).min(burst_ns.max(BURST_NS)))
     }
 
     /// Close the utilization window if it is older than `UTIL_WINDOW_NS`; returns the new
