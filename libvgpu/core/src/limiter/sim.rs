@@ -513,7 +513,7 @@ fn one_stream_delivers_the_cap(
     #[values(1, 100, 0)] sync_every: u64,
 ) {
     let secs = if kernel_ns >= 1_000_000 { 8 } else { 4 };
-    check(&format!("{kernel_ns} ns, sync every {sync_every}"), &[(0, Pattern::fixed(kernel_ns, sync_every))], secs, &[10, 25, 50, 75, 90]);
+    check(&format!("{kernel_ns} ns, sync every {sync_every}"), &[(0, Pattern::fixed(kernel_ns, sync_every))], secs, &[10, 25, 50, 75, 90, 95, 97]);
 }
 
 #[rstest::rstest]
@@ -755,15 +755,20 @@ fn a_cap_above_the_programs_use_does_not_slow_it(
     check(&format!("mixed step at cap 99, {cpu_ns} ns CPU per launch, sync every {sync_every}"), &[(0, training_step(cpu_ns, sync_every))], 6, &[99]);
 }
 
-/// A step in two phases, as a transformer's training step looks from the host: 20 GEMMs of 1 ms
-/// that the host launches in 10 us each (it runs far ahead of the GPU), then 300 elementwise
-/// kernels of 5 us that take it 25 us each (the GPU waits on it), a synchronize, 1 ms of host
-/// time. Uncapped, the host's slow phase runs while the GPU still works through the GEMMs.
+/// A step in two phases, as a transformer's training step looks from the host: `gemms` GEMMs of
+/// 1 ms that the host launches in 10 us each (it runs far ahead of the GPU), then `small`
+/// elementwise kernels of 5 us that take it 25 us each (the GPU waits on it), a synchronize, 1 ms
+/// of host time. Uncapped, the host's slow phase runs while the GPU still works through the GEMMs.
+fn two_phase_step(gemms: usize, small: usize) -> Pattern {
+    let (mut kernel_ns, mut cpu_ns) = (vec![1_000_000; gemms], vec![10_000; gemms]);
+    kernel_ns.extend(vec![5_000; small]);
+    cpu_ns.extend(vec![25_000; small]);
+    Pattern { kernel_ns, cpu_ns, sync_cpu_ns: 1_000_000, ..Pattern::fixed(0, (gemms + small) as u64) }
+}
+
+/// 20 GEMMs, then 300 small kernels (7.5 ms of host time).
 fn phased_step() -> Pattern {
-    let (mut kernel_ns, mut cpu_ns) = (vec![1_000_000; 20], vec![10_000; 20]);
-    kernel_ns.extend([5_000; 300]);
-    cpu_ns.extend([25_000; 300]);
-    Pattern { kernel_ns, cpu_ns, sync_cpu_ns: 1_000_000, ..Pattern::fixed(0, 320) }
+    two_phase_step(20, 300)
 }
 
 // The queue bound once counted each launch at its stream's recent mean GPU time per launch: the
@@ -774,12 +779,32 @@ fn phased_step() -> Pattern {
 // bound held its launching thread 2.38 s of 45 s, 315 small launches pending read as 134 ms.
 // Two changes pass it (95.5%), neither alone: each launch is valued by its kind (`kinds`), and
 // the target counts the refill at the cap while the queue drains, min(balance / (1 - cap),
-// save). Not yet run on a GPU (branch queue-kinds2, session 21). At cap 25 the step still gets
+// save). On an H100 GPT-2 at cap 99 then ran 1.076x as fast (session 22). At cap 25 the step still gets
 // 20.6% (a batch of small kernels spans the host's time between them; the calibration to NVML
 // takes that out on a GPU, the simulator does not model it).
 #[test]
 fn a_cap_above_a_phased_programs_use_does_not_slow_it() {
     check("phased step", &[(0, phased_step())], 6, &[99]);
+}
+
+/// The phased step with a longer slow phase than the bucket saves (12 ms): 40 GEMMs, then 800
+/// small kernels (20 ms of host time). Uncapped, the host runs 40 ms ahead of the GPU and its slow
+/// phase is hidden behind the GEMMs.
+fn deep_phased_step() -> Pattern {
+    two_phase_step(40, 800)
+}
+
+// The queue may hold what the bucket can pay while the GPU drains it, balance / (1 - cap), but
+// no more than the bucket saves (12 ms): on an H100, GPT-2 at cap 99 had 12.0 ms queued at the
+// end of its run and was still held 2.87 s of 45 s (session 22). A host that needs more than
+// that ahead of the GPU to hide its slow phase idled the GPU under a cap it never reaches: 78.8%
+// busy of 97.7% at cap 99. Branch queue-deep lets the queue run deeper where that adds at most
+// 1 point to a 100-ms reading (97.8% here), but then one stream of 1 ms kernels synchronizing
+// every 100 reads 86.6-99.4 per 100 ms at cap 97 (`one_stream_delivers_the_cap`).
+#[test]
+#[ignore = "open, issue 10: 78.8% busy of 97.7% at cap 99 (the queue bound's 12 ms ceiling); see the comment above"]
+fn a_cap_above_a_deep_phased_programs_use_does_not_slow_it() {
+    check("deep phased step", &[(0, deep_phased_step())], 6, &[99]);
 }
 
 #[test]
