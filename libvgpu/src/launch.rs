@@ -104,15 +104,15 @@ struct Gated {
 
 /// Called by every launch shim before the real launch. May block (bounded) when over budget.
 /// `ptsz`: the shim is a `_ptsz` entry point (stream 0 = the per-thread default stream).
-/// `kind`: what the launch runs (`vgpu_core::limiter::kinds::kernel_kind`; 0: unknown), so its
-/// queued work is valued at what that kind took before.
+/// `kind`: what the launch runs (`vgpu_core::limiter::kinds`; 0: unknown), so its
+/// queued work is valued at what that kind took before; worked out only when the gate is on.
 #[inline]
-pub fn before_launch(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
+pub fn before_launch(stream: CUstream, ptsz: bool, kind: impl FnOnce() -> u64) -> LaunchTicket {
     if !GATE.load(Relaxed) {
         note_launch();
         return LaunchTicket::default();
     }
-    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz, kind))
+    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz, kind()))
 }
 
 /// Called by every launch shim after the real launch with its result.

@@ -128,23 +128,23 @@ hooked {
     Cuda policy fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) => meminfo::device_total_mem_v1;
 
     // ---- work submission: the lead's launch gate, nothing else on this path ---------------------
-    Cuda launch(kind = vgpu_core::limiter::kinds::kernel_kind(f as u64, gx as u64 * gy as u64 * gz as u64); stream) fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    Cuda launch(kind = vgpu_core::limiter::kinds::grid_kind(f as u64, gx, gy, gz); stream) fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
         by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void,
         extra: *mut *mut c_void);
-    Cuda launch(kind = vgpu_core::limiter::kinds::kernel_kind(f as u64, gx as u64 * gy as u64 * gz as u64); stream) fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    Cuda launch(kind = vgpu_core::limiter::kinds::grid_kind(f as u64, gx, gy, gz); stream) fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
         by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void,
         extra: *mut *mut c_void);
-    Cuda launch(kind = if config.is_null() { 0 } else { vgpu_core::limiter::kinds::kernel_kind(f as u64, (*config).grid_dim_x as u64 * (*config).grid_dim_y as u64 * (*config).grid_dim_z as u64) };
+    Cuda launch(kind = config.as_ref().map_or(0, |c| vgpu_core::limiter::kinds::grid_kind(f as u64, c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
         if config.is_null() { std::ptr::null_mut() } else { (*config).h_stream })
         fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
         extra: *mut *mut c_void);
-    Cuda launch(kind = if config.is_null() { 0 } else { vgpu_core::limiter::kinds::kernel_kind(f as u64, (*config).grid_dim_x as u64 * (*config).grid_dim_y as u64 * (*config).grid_dim_z as u64) };
+    Cuda launch(kind = config.as_ref().map_or(0, |c| vgpu_core::limiter::kinds::grid_kind(f as u64, c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
         if config.is_null() { std::ptr::null_mut() } else { (*config).h_stream })
         fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
         extra: *mut *mut c_void);
-    Cuda launch(kind = vgpu_core::limiter::kinds::kernel_kind(f as u64, gx as u64 * gy as u64 * gz as u64); stream) fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint,
+    Cuda launch(kind = vgpu_core::limiter::kinds::grid_kind(f as u64, gx, gy, gz); stream) fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint,
         bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void);
-    Cuda launch(kind = vgpu_core::limiter::kinds::kernel_kind(f as u64, gx as u64 * gy as u64 * gz as u64); stream) fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint,
+    Cuda launch(kind = vgpu_core::limiter::kinds::grid_kind(f as u64, gx, gy, gz); stream) fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint,
         bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void);
     Cuda launch(if list.is_null() || num_devices == 0 { std::ptr::null_mut() } else { (*list).h_stream })
         fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, num_devices: c_uint,

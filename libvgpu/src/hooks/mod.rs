@@ -11,7 +11,8 @@
 //! * `init`: lazy init, then the real call unchanged (e.g. `cuInit`);
 //! * `launch(stream_expr)`: `launch::before_launch(stream)`, real call, `launch::after_launch`;
 //!   `launch(kind = kind_expr; stream_expr)` also names the launch's kind (its function and grid,
-//!   or its graph), so the queue bound values it at what that kind took before;
+//!   or its graph; worked out only when the gate is on), so the queue bound values it at what
+//!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
 //! * `sync`: real call, then `launch::after_sync()` and `physmem::after_sync()` (pools).
 //!
@@ -89,7 +90,7 @@ macro_rules! shim {
                 let stream: $crate::ffi::CUstream = $stream;
                 // Decided at compile time: nothing added to the launch path.
                 const PER_THREAD: bool = $crate::hooks::per_thread_stream(stringify!($name));
-                let ticket = $crate::launch::before_launch(stream, PER_THREAD, $kind);
+                let ticket = $crate::launch::before_launch(stream, PER_THREAD, || $kind);
                 let r = f($($arg),*);
                 $crate::launch::after_launch(ticket, r);
                 r

@@ -32,6 +32,11 @@ pub fn kernel_kind(function: u64, blocks: u64) -> u64 {
     if k == 0 { 1 } else { k }
 }
 
+/// The kind of a kernel launched on a grid of `gx * gy * gz` blocks.
+pub fn grid_kind(function: u64, gx: u32, gy: u32, gz: u32) -> u64 {
+    kernel_kind(function, gx as u64 * gy as u64 * gz as u64)
+}
+
 /// The launches one timing event covers, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bag {

@@ -359,7 +359,6 @@ impl<E: Copy> StreamTrack<E> {
     fn head_expected_end(&self) -> u64 {
         self.pending.front().map_or(0, |h| self.expected_end(h.submit_ns, self.head_value_ns()))
     }
-
 }
 
 /// What `Meter::start_event` found for a launch's stream.
