@@ -52,6 +52,26 @@ pub enum Step {
 
 /// Estimated GPU time a process may keep queued on a device while capped.
 pub const QUEUE_TARGET_NS: u64 = 2_000_000;
+/// What a queue run back to back may add to a 100-ms reading over the cap, at most (1 point).
+const QUEUE_OVERSHOOT_NS: u64 = 1_000_000;
+/// How long after its container's budget last closed a process keeps to what the bucket saves.
+const DEEP_AFTER_CLOSED_NS: u64 = 1_000_000_000;
+
+/// The deepest queue a process may keep on what its bucket can pay: what the bucket saves
+/// (`save_ns`) or, for a container whose budget has not closed for a second (it spends less than
+/// its cap refills), what adds at most 1 point to a 100-ms reading where that is more (a queue of
+/// Q run at full speed, the rest of the reading at the cap, reads (1 - cap) * Q over it): 100 ms
+/// at cap 99, the bucket's save below cap 92. At 12 ms a training step whose host runs 40 ms ahead
+/// of the GPU lost its cushion (`sim::deep_phased_step`: 78.8% busy of 97.7% at cap 99); a
+/// saturating stream queued that deep owed it back as idle GPU (100-ms readings 87-99 at cap 97).
+pub fn queue_ceiling_ns(cap: u32, save_ns: i64, closed_until_ns: u64, now: u64) -> u64 {
+    let save = save_ns.max(0) as u64;
+    if now <= closed_until_ns.saturating_add(DEEP_AFTER_CLOSED_NS) {
+        return save;
+    }
+    save.max(QUEUE_OVERSHOOT_NS * 100 / (100 - cap.min(99)) as u64)
+}
+
 /// Per-launch estimate for a stream that has not completed anything yet (conservative: the
 /// first launches are not queued deep).
 pub const INITIAL_LAUNCH_EST_NS: u64 = 1_000_000;
@@ -575,11 +595,11 @@ impl<E: Copy> Meter<E> {
                 let save = self.burst_ns.unwrap_or_else(|| super::save_ns(c));
                 let balance = bucket.balance_at(now, c, save).max(0) as u64;
                 // Beyond the balance, the refill at the cap while the GPU runs the queue
-                // (balance / (1 - cap)), no more than the bucket saves, and only for a launch
-                // that fits whole: past it, the queue runs over the cap in a 100 ms sample (two
-                // 10 ms kernels at cap 10).
-                let payable = (balance as u128 * 100 / (100 - c.min(99)) as u128).min(save.max(0) as u128) as u64;
+                // (balance / (1 - cap)), and only for a launch that fits whole: past it, the
+                // queue runs over the cap in a 100 ms sample (two 10 ms kernels at cap 10).
                 let next = self.streams.iter().find(|s| s.key == key).map_or(0, |s| s.est_ns);
+                let ceiling = queue_ceiling_ns(c, save, bucket.s.closed_until_ns.load(Relaxed), now);
+                let payable = (balance as u128 * 100 / (100 - c.min(99)) as u128).min(ceiling as u128) as u64;
                 let base = QUEUE_TARGET_NS.max(balance);
                 let queued = *queued_now.insert(self.queued_est_ns());
                 if queued.saturating_add(next) <= payable { payable.max(base) } else { base }
@@ -785,6 +805,20 @@ pub fn hold(clk: &mut impl Clock, mut step: impl FnMut(u64) -> Step) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_runs_deeper_than_the_bucket_saves_only_at_high_caps_and_only_while_the_budget_stays_open() {
+        let (save, now) = (12_000_000, 10_000_000_000);
+        assert_eq!(queue_ceiling_ns(50, save, 0, now), 12_000_000);
+        assert_eq!(queue_ceiling_ns(91, save, 0, now), 12_000_000);
+        assert_eq!(queue_ceiling_ns(95, save, 0, now), 20_000_000);
+        assert_eq!(queue_ceiling_ns(99, save, 0, now), 100_000_000);
+        assert_eq!(queue_ceiling_ns(100, save, 0, now), 100_000_000);
+        // Closed within the last second: a saturating container keeps to what the bucket saves.
+        assert_eq!(queue_ceiling_ns(99, save, now - 999_000_000, now), 12_000_000);
+        assert_eq!(queue_ceiling_ns(99, save, now - 1_001_000_000, now), 100_000_000);
+        assert_eq!(queue_ceiling_ns(99, -5, now, now), 0);
+    }
     use crate::limiter::{BusyMap, SharedDeviceState};
     use std::collections::HashMap;
 
