@@ -1,0 +1,137 @@
+"""Where a framework's 1-s utilization dips come from: NVML's own samples and the program's
+progress, side by side, second by second (issue 10: GPT-2's 1-s readings under a cap fell to
+25-45 while its uncapped ones stayed at 71-96).
+
+Each mode starts the workload fresh, waits WARM s after its first progress line, then for SECS s
+reads a utilization snapshot each second (as share.py judges) and every NVML sample
+(nvmlDeviceGetSamples), and the steps the program finished that second. A second whose snapshot
+is more than 15 points under the mode's mean is listed with its NVML samples and steps: a dip
+with the steps still coming is a measurement effect; one where the steps stop too is a stall.
+
+Each second also reads the container's bucket in the region every 5 ms: the fraction of the
+second its budget was closed (`closed`), its lowest balance (ms) and the charge scale.
+
+usage: dip_probe.py KIND SECS MODE...   MODE: off | nocap | capN | switchN (start uncapped, the cap
+       set at run time with shrreg-tool as share.py does), each also alt_... (ALT=another build)
+Env: DIST, LIBVGPU, ALT, WARM (default 4), DEBUG (set: the hook's debug log, kept in $OUT),
+OUT (dip_probe.jsonl and logs).
+"""
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from share import DIST, hook_lib, Nvml, Proc  # noqa: E402
+
+WARM = float(os.environ.get("WARM", "4"))
+# Device 0's SharedDeviceState in the region (libvgpu/core/src/limiter/mod.rs; share.py's
+# TOTAL_BUSY_OFFSET is its seventh field): tokens_ns, closed_until_ns, charge_scale_milli.
+STATE = 2_009_536
+TOKENS, CLOSED, SCALE = STATE, STATE + 64, STATE + 88
+
+
+class BucketWatch:
+    """Reads the region's bucket every 5 ms: (monotonic ns, closed, tokens ns, scale)."""
+
+    def __init__(self, region):
+        self.region, self.rows, self.stop = region, [], False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        m = None
+        while not self.stop:
+            time.sleep(0.005)
+            try:
+                if m is None:
+                    with open(self.region, "rb") as f:
+                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                rd = lambda o, s=False: int.from_bytes(m[o:o + 8], "little", signed=s)  # noqa: E731
+                now = time.monotonic_ns()
+                self.rows.append((now, rd(CLOSED) > now, rd(TOKENS, True), rd(SCALE)))
+            except (OSError, ValueError):
+                m = None
+
+    def second(self, a_ns, b_ns):
+        r = [x for x in self.rows if a_ns <= x[0] < b_ns]
+        if not r:
+            return {}
+        return dict(closed=round(sum(x[1] for x in r) / len(r), 2), min_tokens_ms=round(min(x[2] for x in r) / 1e6, 1),
+                    scale=r[-1][3])
+
+
+def env_for(mode):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
+    env.update(PYTHONUNBUFFERED="1", CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="dip-"))
+    if mode == "off":
+        env.pop("LD_PRELOAD", None)
+        return env
+    alt = mode.startswith("alt_")
+    env["LD_PRELOAD"] = os.environ["ALT"] if alt else hook_lib()
+    cap = mode.removeprefix("alt_")
+    if cap.startswith("cap"):
+        env["CUDA_DEVICE_SM_LIMIT"] = cap[3:]
+    if os.environ.get("DEBUG"):
+        env["LIBCUDA_LOG_LEVEL"] = "4"
+    return env
+
+
+def run(kind, secs, mode, nvml):
+    env = env_for(mode)
+    region = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    p = Proc([sys.executable, f"{DIST}/bench/py/workloads.py", kind], env)
+    if not p.ready.wait(300):
+        sys.exit(f"mode={mode} error=no_progress log={''.join(p.log)[-1500:]!r}")
+    watch = BucketWatch(region)
+    time.sleep(WARM)
+    if mode.removeprefix("alt_").startswith("switch"):
+        subprocess.run([f"{DIST}/tools/shrreg-tool", "--file", region, "--set-sm-limit", "0",
+                        mode.removeprefix("alt_")[6:]], check=True, capture_output=True)
+        time.sleep(3.0)
+    t0, seen = time.monotonic(), int(time.time() * 1e6)
+    rows = []
+    for _ in range(int(secs)):
+        a = time.monotonic()
+        time.sleep(max(0.0, t0 + len(rows) + 1 - a))
+        b = time.monotonic()
+        got = nvml.samples_since(seen)
+        seen = max([seen] + [ts for ts, _ in got])
+        rows.append(dict(snap=nvml.util(), fine=[v for _, v in sorted(got)], steps=round(p.at(b) - p.at(b - 1.0), 2),
+                         **watch.second(int((b - 1.0) * 1e9), int(b * 1e9))))
+    time.sleep(0.3)
+    watch.stop = True
+    p.p.terminate()
+    p.p.wait(20)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"dip-{kind}-{mode}-{p.p.pid}.log"), "w") as f:
+            f.write("".join(p.log))
+    return rows
+
+
+def main():
+    kind, secs, modes = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+    nvml = Nvml()
+    for mode in modes:
+        rows = run(kind, secs, mode, nvml)
+        snaps = [r["snap"] for r in rows]
+        fine = [v for r in rows for v in r["fine"]]
+        mean = sum(snaps) / len(snaps)
+        steps = sum(r["steps"] for r in rows) / len(rows)
+        closed = [r.get("closed", 0) for r in rows]
+        print(f"dip_probe kind={kind} mode={mode} snap_mean={mean:.1f} fine_mean={sum(fine) / max(1, len(fine)):.1f} "
+              f"steps_per_s={steps:.2f} closed_mean={sum(closed) / len(closed):.3f} snaps={snaps}", flush=True)
+        for i, r in enumerate(rows):
+            if r["snap"] < mean - 15:
+                print(f"  dip s={i} snap={r['snap']} fine={r['fine']} steps={r['steps']} (mean {steps:.2f}) "
+                      f"closed={r.get('closed')} min_tokens_ms={r.get('min_tokens_ms')} scale={r.get('scale')}", flush=True)
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "dip_probe.jsonl"), "a") as f:
+                f.write(json.dumps(dict(kind=kind, mode=mode, rows=rows)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
