@@ -1,0 +1,88 @@
+"""Does NVML polling slow a program's driver calls? (issue 10's overhead lines: malloc+free with
+the hook read 1.022-1.078 between processes, 0.999-1.012 inside one, session 23.)
+
+The hook's monitor thread asks NVML, every 200 ms, for the device's utilization and samples, the
+per-process utilization and the compute processes (and each second their memory). This runs a
+benchmark command with no hook, alternately alone and beside a thread of this (unhooked) process
+making the same NVML calls at the same rate, and prints the median per-round ratio (poller on /
+off) of the metric the command prints.
+
+usage: nvml_poll_cost.py ROUNDS METRIC -- CMD...     e.g. 7 malloc_free_ns -- samples/bench_malloc
+Env: PERIOD_MS (default 200), BURST (NVML calls sets per period, default 1).
+"""
+import ctypes
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from share import Nvml  # noqa: E402
+
+PERIOD = float(os.environ.get("PERIOD_MS", "200")) / 1000
+BURST = int(os.environ.get("BURST", "1"))
+
+
+class ProcessInfo(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong), ("gi", ctypes.c_uint), ("ci", ctypes.c_uint)]
+
+
+class ProcUtil(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("ts", ctypes.c_ulonglong), ("sm", ctypes.c_uint), ("mem", ctypes.c_uint),
+                ("enc", ctypes.c_uint), ("dec", ctypes.c_uint)]
+
+
+def poll_once(nv):
+    nv.util()
+    nv.samples_since(int(time.time() * 1e6) - 2_000_000)
+    n = ctypes.c_uint(0)
+    nv.lib.nvmlDeviceGetProcessUtilization(nv.h, None, ctypes.byref(n), ctypes.c_ulonglong(0))
+    buf = (ProcUtil * (n.value + 4))()
+    n = ctypes.c_uint(n.value + 4)
+    nv.lib.nvmlDeviceGetProcessUtilization(nv.h, buf, ctypes.byref(n), ctypes.c_ulonglong(0))
+    procs = (ProcessInfo * 64)()
+    n = ctypes.c_uint(64)
+    nv.lib.nvmlDeviceGetComputeRunningProcesses_v3(nv.h, ctypes.byref(n), procs)
+
+
+def main():
+    sep = sys.argv.index("--")
+    rounds, metric = int(sys.argv[1]), sys.argv[2]
+    cmd = sys.argv[sep + 1:]
+    nv = Nvml()
+    stop = threading.Event()
+    on = threading.Event()
+
+    def poller():
+        calls = 0
+        while not stop.is_set():
+            if on.is_set():
+                for _ in range(BURST):
+                    poll_once(nv)
+                    calls += 1
+            time.sleep(PERIOD)
+
+    threading.Thread(target=poller, daemon=True).start()
+    t0 = time.monotonic()
+    poll_once(nv)
+    one = time.monotonic() - t0
+    vals = {"off": [], "on": []}
+    for r in range(rounds):
+        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            (on.set if mode == "on" else on.clear)()
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            m = re.search(rf"\b{metric}=([0-9.]+)", out)
+            vals[mode].append(float(m.group(1)) if m else float("nan"))
+            print(f"nvml_poll_cost round={r} mode={mode} {metric}={vals[mode][-1]}", flush=True)
+    stop.set()
+    ratios = [a / b for a, b in zip(vals["on"], vals["off"])]
+    print(f"nvml_poll_cost metric={metric} period_ms={PERIOD * 1000:.0f} burst={BURST} one_poll_ms={one * 1000:.2f} "
+          f"ratio={statistics.median(ratios):.3f} min={min(ratios):.3f} max={max(ratios):.3f} "
+          f"off={statistics.median(vals['off']):.0f} on={statistics.median(vals['on']):.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
