@@ -34,7 +34,11 @@ rate() { awk -F'[= ]' '/^second=/ { if ($2 >= 2) { s += $4; n++ } } END { printf
 windows() { awk -F'[= ]' '/^second=/ { printf "%s%s", sep, $4; sep = "," } END { print "" }' "$WORK/$1.log"; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b > 0 ? 100 * a / b : 0) }'; }
 sum() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a + b }'; }
-util_sampler() { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 >"$WORK/$1.util" 2>/dev/null & echo $!; }
+# The GPU's utilization every 500 ms while SECS-long workloads run: it stops half a second before
+# they can end (they start after it), so no reading falls after they exit (one such reading, 3%,
+# took a 50/50 pair whose other readings were 98-99% to 92%, session 23). util_mean skips the
+# first 2 s (start-up).
+util_sampler() { timeout "$(awk -v s="$SECS" 'BEGIN { print s - 0.5 }')" nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 >"$WORK/$1.util" 2>/dev/null & echo $!; }
 # within3 A B WANT_A WANT_B UTIL: PASS when A and B are each within 3 points of what they want,
 # and the GPU at least 95% busy when the wants add up to 100.
 within3() { awk -v a="$1" -v b="$2" -v ca="$3" -v cb="$4" -v u="$5" 'BEGIN { d1 = a - ca; d2 = b - cb; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2; print (d1 <= 3 && d2 <= 3 && (ca + cb < 100 || u >= 95)) ? "PASS" : "FAIL" }'; }
