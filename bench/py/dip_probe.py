@@ -21,17 +21,15 @@ import mmap
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, hook_lib, Nvml, Proc  # noqa: E402
+from share import DIST, LIMITER_STATE_OFFSET as STATE, mode_env, Nvml, Proc  # noqa: E402
 
 WARM = float(os.environ.get("WARM", "4"))
-# Device 0's SharedDeviceState in the region (libvgpu/core/src/limiter/mod.rs; share.py's
-# TOTAL_BUSY_OFFSET is its seventh field): tokens_ns, closed_until_ns, charge_scale_milli.
-STATE = 2_009_536
+# Fields of device 0's SharedDeviceState in the region (libvgpu/core/src/limiter/mod.rs):
+# tokens_ns, closed_until_ns, charge_scale_milli.
 TOKENS, CLOSED, SCALE = STATE, STATE + 64, STATE + 88
 
 
@@ -64,29 +62,17 @@ class BucketWatch:
                     scale=r[-1][3])
 
 
-def env_for(mode):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
-    env.update(PYTHONUNBUFFERED="1", CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="dip-"))
-    if mode == "off":
-        env.pop("LD_PRELOAD", None)
-        return env
-    alt = mode.startswith("alt_")
-    env["LD_PRELOAD"] = os.environ["ALT"] if alt else hook_lib()
-    cap = mode.removeprefix("alt_")
-    if cap.startswith("cap"):
-        env["CUDA_DEVICE_SM_LIMIT"] = cap[3:]
-    if os.environ.get("DEBUG"):
-        env["LIBCUDA_LOG_LEVEL"] = "4"
-    return env
-
-
 def run(kind, secs, mode, nvml):
-    env = env_for(mode)
-    region = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    if mode.startswith("alt_") and not os.environ.get("ALT"):
+        sys.exit(f"mode={mode} error=alt_mode_without_ALT")
+    env = mode_env(mode, os.environ.get("ALT"), "dip-")
+    if os.environ.get("DEBUG") and mode != "off":
+        env["LIBCUDA_LOG_LEVEL"] = "4"
+    region = env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
     p = Proc([sys.executable, f"{DIST}/bench/py/workloads.py", kind], env)
     if not p.ready.wait(300):
         sys.exit(f"mode={mode} error=no_progress log={''.join(p.log)[-1500:]!r}")
-    watch = BucketWatch(region)
+    watch = BucketWatch(region) if region else None
     time.sleep(WARM)
     if mode.removeprefix("alt_").startswith("switch"):
         subprocess.run([f"{DIST}/tools/shrreg-tool", "--file", region, "--set-sm-limit", "0",
@@ -101,9 +87,10 @@ def run(kind, secs, mode, nvml):
         got = nvml.samples_since(seen)
         seen = max([seen] + [ts for ts, _ in got])
         rows.append(dict(snap=nvml.util(), fine=[v for _, v in sorted(got)], steps=round(p.at(b) - p.at(b - 1.0), 2),
-                         **watch.second(int((b - 1.0) * 1e9), int(b * 1e9))))
+                         **(watch.second(int((b - 1.0) * 1e9), int(b * 1e9)) if watch else {})))
     time.sleep(0.3)
-    watch.stop = True
+    if watch:
+        watch.stop = True
     p.p.terminate()
     p.p.wait(20)
     if os.environ.get("OUT"):

@@ -10,17 +10,16 @@ usage: gate_cost.py KIND [SECONDS] [ROUNDS]   (env DIST, ALT, MODES)"""
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import hook_lib, Nvml, Proc  # noqa: E402
+from share import hook_lib, mode_env, Nvml, Proc  # noqa: E402
 
 kind = sys.argv[1]
 secs = float(sys.argv[2]) if len(sys.argv) > 2 else 8
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 wl = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads.py"), kind]
-lib = hook_lib()  # before the first run: a missing library stops here, not after the hook-off one
+hook_lib()  # before the first run: a missing library stops here, not after the hook-off one
 nvml = Nvml()
 alt = os.environ.get("ALT")
 if alt and not os.path.isfile(alt):
@@ -34,13 +33,7 @@ rates = {m: [] for m in ["off"] + [m for m in modes if m != "off"]}
 utils = {m: [] for m in rates}
 for _ in range(rounds):
     for mode in rates:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
-        env.pop("LD_PRELOAD", None)
-        if mode != "off":
-            env.update(LD_PRELOAD=alt if mode.startswith("alt_") else lib, CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix="gc-"))
-        if mode.endswith("cap99"):
-            env["CUDA_DEVICE_SM_LIMIT"] = "99"
-        p = Proc(wl, env)
+        p = Proc(wl, mode_env(mode, alt, "gc-"))
         p.ready.wait(120)
         time.sleep(2)
         t0 = time.monotonic()

@@ -83,9 +83,11 @@ class Nvml:
         return c.value if self.lib.nvmlDeviceGetClockInfo(self.h, 1, ctypes.byref(c)) == 0 else 0
 
 
-# The region's device-0 limiter state: total busy ns the container charged (libvgpu's own view,
-# kept beside NVML's to tell a measurement gap from a control gap).
-TOTAL_BUSY_OFFSET = 2_009_536 + 48
+# Where the region keeps device 0's limiter state (SharedDeviceState, libvgpu/core/src/limiter/
+# mod.rs), and its seventh field: total busy ns the container charged (libvgpu's own view, kept
+# beside NVML's to tell a measurement gap from a control gap).
+LIMITER_STATE_OFFSET = 2_009_536
+TOTAL_BUSY_OFFSET = LIMITER_STATE_OFFSET + 48
 
 
 def own_busy_ns(region):
@@ -199,6 +201,22 @@ def judge(name, cap, u0, k0, utils, k, extra=None):
         with open(os.path.join(os.environ["OUT"], "share.jsonl"), "a") as f:
             f.write(json.dumps(dict(rec, samples=utils)) + "\n")
     return rec["ok"]
+
+
+def mode_env(mode, alt=None, prefix="mode-"):
+    """The environment of a workload run in `mode` (gate_cost.py, dip_probe.py): `off` (no hook),
+    or hooked with its own region: `nocap` / `switchN` (no cap at start), `capN`; each hooked mode
+    also as `alt_...`, with the build at `alt` preloaded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_DEVICE_")}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    if mode == "off":
+        return env
+    env.update(LD_PRELOAD=alt if mode.startswith("alt_") else hook_lib(), CUDA_DEVICE_MEMORY_SHARED_CACHE=tempfile.mktemp(prefix=prefix))
+    cap = mode.removeprefix("alt_")
+    if cap.startswith("cap"):
+        env["CUDA_DEVICE_SM_LIMIT"] = cap[3:]
+    return env
 
 
 def child_env(region, cap=None):
