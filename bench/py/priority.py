@@ -10,7 +10,7 @@ TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/sam
 service, "no_priority priority" by default; "idle_higher" adds one beside a priority-0 container that is on the GPU
 but sends nothing: what being the lower priority costs the training by itself (its rate over its solo rate);
 TRAINERS=N: N trainings at once, each its own container (default 1; their rates summed, solo too);
-CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
+SYNC: how the service waits for each result (service.py); CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
 hook's lines of each training run go to $OUT/priority-train-MODE.log, the service's to $OUT/priority-service-MODE.log)"""
 import json
 import os

@@ -1,7 +1,8 @@
 """A latency-critical inference service for the priority benchmark (issue 14): batch-1 ResNet-50
 forward (a few ms of GPU time) replayed from a CUDA graph; requests arrive at random (exponential
 gaps, mean MEAN_MS); each request's latency is measured from its arrival to its result.
-usage: service.py SECONDS [MEAN_MS]   (env LINGER_US: see below)   prints `service requests= p50_ms= p90_ms= p99_ms= max_ms= busy_ms_per_req=`
+usage: service.py SECONDS [MEAN_MS]   (env LINGER_US: see below; SYNC=device|stream|event: how a request's
+result is waited for, `workloads.graph`; device, a context synchronize, by default)   prints `service requests= p50_ms= p90_ms= p99_ms= max_ms= busy_ms_per_req=`
 and `service_parts`: where the latency went, per request: `queued` (arrived while the previous
 one was still being served: waited behind it on the CPU), `gpu` (from the GPU reaching the
 request's first kernel to its last one ending, CUDA events: the request's own run, with whatever
@@ -24,13 +25,16 @@ secs = float(sys.argv[1])
 # request on a side stream, so a request arriving within N us finds this context still on the GPU.
 linger_cycles = int(float(__import__("os").environ.get("LINGER_US", "0")) * 1980)
 mean_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
+sync = __import__("os").environ.get("SYNC", "device")
+if sync not in ("device", "stream", "event"):
+    sys.exit(f"service.py: SYNC={sync!r}: want device, stream or event")
 step = workloads.graph()  # replay + synchronize
 for _ in range(20):
-    step()
+    step(sync=sync)
 # GPU time of one request alone (the service's own busy time per request).
 t = time.monotonic()
 for _ in range(50):
-    step()
+    step(sync=sync)
 busy_ms = (time.monotonic() - t) / 50 * 1e3
 rng = random.Random(1)
 ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -42,7 +46,7 @@ while arrival - t0 < secs:
     if arrival > now:
         time.sleep(arrival - now)
     launch = time.monotonic()
-    step(ev0, ev1, linger_cycles)
+    step(ev0, ev1, linger_cycles, sync)
     done = time.monotonic()
     gpu = ev0.elapsed_time(ev1)
     lat.append((done - arrival) * 1e3)

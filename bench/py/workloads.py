@@ -89,8 +89,12 @@ def graph():
         y = model(x)
 
     side = []  # the linger experiment's stream, made on its first use: the plain replay makes none
+    done = []  # sync="event": the event the replay's end is recorded into
 
-    def step(start=None, end=None, linger_cycles=0):
+    def step(start=None, end=None, linger_cycles=0, sync="device"):
+        # sync: how the result is waited for: "device" (torch.cuda.synchronize, a context
+        # synchronize), "stream" (a stream synchronize of the replay's stream) or "event" (an
+        # event recorded after the replay). Services wait in each of these ways.
         # Events around the replay (optional) time the request's own stretch on the GPU.
         if start is not None:
             start.record()
@@ -105,6 +109,15 @@ def graph():
             side[0].wait_event(end)
             with torch.cuda.stream(side[0]):
                 torch.cuda._sleep(linger_cycles)
+            end.synchronize()
+        elif sync == "stream":
+            torch.cuda.current_stream().synchronize()
+        elif sync == "event":
+            if end is None:
+                if not done:
+                    done.append(torch.cuda.Event())
+                end = done[0]
+                end.record()
             end.synchronize()
         else:
             torch.cuda.synchronize()
