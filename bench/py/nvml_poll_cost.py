@@ -8,6 +8,8 @@ making the same NVML calls at the same rate, and prints the median per-round rat
 off) of the metric the command prints.
 
 usage: nvml_poll_cost.py ROUNDS METRIC -- CMD...     e.g. 7 malloc_free_ns -- samples/bench_malloc
+       nvml_poll_cost.py calls [N]     how long each of those NVML calls takes (median and max of N
+                                       rounds, ms; which of them makes a round's 5-9 ms, session 23)
 Env: PERIOD_MS (default 200), BURST (NVML calls sets per period, default 1).
 """
 import ctypes
@@ -35,20 +37,51 @@ class ProcUtil(ctypes.Structure):
                 ("enc", ctypes.c_uint), ("dec", ctypes.c_uint)]
 
 
-def poll_once(nv):
-    nv.util()
-    nv.samples_since(int(time.time() * 1e6) - 2_000_000)
+def process_utilization(nv):
     n = ctypes.c_uint(0)
     nv.lib.nvmlDeviceGetProcessUtilization(nv.h, None, ctypes.byref(n), ctypes.c_ulonglong(0))
     buf = (ProcUtil * (n.value + 4))()
     n = ctypes.c_uint(n.value + 4)
     nv.lib.nvmlDeviceGetProcessUtilization(nv.h, buf, ctypes.byref(n), ctypes.c_ulonglong(0))
+
+
+def compute_processes(nv):
     procs = (ProcessInfo * 64)()
     n = ctypes.c_uint(64)
     nv.lib.nvmlDeviceGetComputeRunningProcesses_v3(nv.h, ctypes.byref(n), procs)
 
 
+# The monitor's calls, in its order: (name, call).
+CALLS = (
+    ("utilization", lambda nv: nv.util()),
+    ("samples", lambda nv: nv.samples_since(int(time.time() * 1e6) - 2_000_000)),
+    ("process_utilization", process_utilization),
+    ("compute_processes", compute_processes),
+)
+
+
+def poll_once(nv):
+    for _, call in CALLS:
+        call(nv)
+
+
+def calls(n):
+    """Each call's own time, rounds PERIOD apart (as the monitor's)."""
+    nv = Nvml()
+    took = {name: [] for name, _ in CALLS}
+    for _ in range(n):
+        for name, call in CALLS:
+            t0 = time.perf_counter()
+            call(nv)
+            took[name].append((time.perf_counter() - t0) * 1e3)
+        time.sleep(PERIOD)
+    for name, ms in took.items():
+        print(f"nvml_poll_cost call={name} median_ms={statistics.median(ms):.3f} max_ms={max(ms):.3f} rounds={n}", flush=True)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "calls":
+        return calls(int(sys.argv[2]) if len(sys.argv) > 2 else 50)
     sep = sys.argv.index("--")
     rounds, metric = int(sys.argv[1]), sys.argv[2]
     cmd = sys.argv[sep + 1:]
