@@ -54,7 +54,7 @@ baseline() {
 }
 
 s_overhead() {
-    echo "== overhead, hook on / hook off, interleaved rounds (median of per-round ratios [min..max])"
+    echo "== overhead, hook on / hook off, interleaved rounds (median of per-round ratios [min..max], bootstrap 95% CI)"
     echo "   launch: empty kernel; cap 99 runs the gate on every launch but almost never holds one"
     local rounds=${ROUNDS:-7} i
     : >"$WORK/ov.tsv"
@@ -74,16 +74,22 @@ s_overhead() {
         done
     done
     python3 - "$WORK/ov.tsv" <<'PY'
-import statistics, sys
+import random, statistics, sys
 v = {}
 for line in open(sys.argv[1]):
     k, i, x = line.rstrip("\n").split("\t")
     if x:
         v.setdefault(k, {})[i] = float(x)
+def ci95(r):
+    # Bootstrap interval of the median ratio: whether the rounds can tell the bound at all.
+    rng = random.Random(1)
+    m = sorted(statistics.median(rng.choices(r, k=len(r))) for _ in range(2000))
+    return m[50], m[1949]
 def show(name, num, den):
     r = [v[num][i] / v[den][i] for i in v.get(num, {}) if i in v.get(den, {})]
     if r:
-        print(f"  {name:34s} ratio {statistics.median(r):.3f} [{min(r):.3f}..{max(r):.3f}]  "
+        lo, hi = ci95(r)
+        print(f"  {name:34s} ratio {statistics.median(r):.3f} [{min(r):.3f}..{max(r):.3f}] 95% CI of the median {lo:.3f}..{hi:.3f}  "
               f"({statistics.median(v[num].values()):.0f} vs {statistics.median(v[den].values()):.0f} ns, {len(r)} rounds)")
 show("launch, no cap", "launch_nocap", "launch_off")
 show("launch, cap 99 (gate active)", "launch_cap99", "launch_off")
