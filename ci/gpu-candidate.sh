@@ -6,11 +6,15 @@
 #                     counters (steps/s, time held, queue waits), then bench/py/gate_cost.py's paired
 #                     rounds (default 6, ~70 s each on an H100; each run printed as it ends)
 #   part N            ci/gpu-acceptance.sh N with the candidate as libvgpu.so (a copy of dist/ in /tmp)
-# usage: dist/ci/gpu-candidate.sh LIB compare [ROUNDS] | LIB part N      ($OUT: logs are written there)
+#   malloc [ROUNDS]   cuMemAlloc+cuMemFree 1 MiB under an 8g cap (samples/bench_malloc --slow-us 1000),
+#                     no hook / dist's / the candidate, interleaved processes (default 15 rounds):
+#                     each one's median ns and pairs over 1 ms a second (median of rounds), and the
+#                     hooks' median per-round ratios to no hook
+# usage: dist/ci/gpu-candidate.sh LIB compare [ROUNDS] | LIB part N | LIB malloc [ROUNDS]   ($OUT: logs)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 lib=${1:-}
-[ -n "$lib" ] && [ -f "$lib" ] || { sed -n '2,9p' "$0"; echo "error=no_candidate_library path=${lib:-<none>}" >&2; exit 2; }
+[ -n "$lib" ] && [ -f "$lib" ] || { sed -n '2,13p' "$0"; echo "error=no_candidate_library path=${lib:-<none>}" >&2; exit 2; }
 [ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 lib=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
 export DIST PYTHONUNBUFFERED=1
@@ -28,6 +32,43 @@ compare)
         grep "meter dev" "$log" | tail -1 | sed 's/^.*meter dev/  meter dev/' | cut -c1-300
     done
     ALT=$lib MODES="cap99 alt_cap99" python3 "$DIST/bench/py/gate_cost.py" gpt2 6 "${3:-6}" ;;
+malloc)
+    tsv=$out/candidate-malloc.tsv
+    : >"$tsv"
+    for i in $(seq "${3:-15}"); do
+        for which in off main cand; do
+            case $which in
+            off) pre=() ;;
+            main) pre=(LD_PRELOAD="$DIST/libvgpu.so") ;;
+            cand) pre=(LD_PRELOAD="$lib") ;;
+            esac
+            line=$(env -u LD_PRELOAD "${pre[@]}" CUDA_DEVICE_MEMORY_LIMIT=8g CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -u /tmp/cand-XXXXXX)" \
+                "$DIST/samples/bench_malloc" --slow-us 1000 2>&1 | tr '\n' ' ')
+            ns=$(sed -n 's/.*malloc_free_ns=\([0-9.]*\) .*/\1/p' <<<"$line")
+            slow=$(sed -n 's/.*slow_pairs=\([0-9]*\) .*seconds=\([0-9.]*\).*/\1 \2/p' <<<"$line" | awk 'NF == 2 && $2 > 0 { printf "%.2f", $1 / $2 }')
+            printf '%s\t%s\t%s\t%s\n' "$which" "$i" "$ns" "$slow" >>"$tsv"
+        done
+    done
+    python3 - "$tsv" "$(basename "$lib")" <<'PY'
+import statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    w, i, ns, slow = (line.rstrip("\n").split("\t") + ["", ""])[:4]
+    if ns and slow:
+        v.setdefault(w, {})[i] = (float(ns), float(slow))
+for w, name in (("off", "no hook"), ("main", "dist's libvgpu.so"), ("cand", sys.argv[2])):
+    if w not in v:
+        print(f"candidate_malloc build={name} runs=0")
+        continue
+    ns = statistics.median(x[0] for x in v[w].values())
+    slow = statistics.median(x[1] for x in v[w].values())
+    ratio = ""
+    if w != "off" and "off" in v:
+        r = [v[w][i][0] / v["off"][i][0] for i in v[w] if i in v["off"]]
+        ratio = f" ratio={statistics.median(r):.3f} min={min(r):.3f} max={max(r):.3f}"
+    print(f"candidate_malloc build={name} malloc_free_ns={ns:.0f} slow_pairs_per_s={slow:.2f}{ratio} rounds={len(v[w])}")
+PY
+    ;;
 part)
     copy=$(mktemp -d /tmp/candidate-dist-XXXXXX)
     cp -r "$DIST/." "$copy/"
@@ -37,5 +78,5 @@ part)
     rc=$?
     rm -rf "$copy"
     exit $rc ;;
-*) sed -n '2,9p' "$0"; exit 2 ;;
+*) sed -n '2,13p' "$0"; exit 2 ;;
 esac
