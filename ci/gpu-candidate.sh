@@ -45,7 +45,7 @@ malloc)
             line=$(env -u LD_PRELOAD "${pre[@]}" CUDA_DEVICE_MEMORY_LIMIT=8g CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -u /tmp/cand-XXXXXX)" \
                 "$DIST/samples/bench_malloc" --slow-us 1000 2>&1 | tr '\n' ' ')
             ns=$(sed -n 's/.*malloc_free_ns=\([0-9.]*\) .*/\1/p' <<<"$line")
-            slow=$(sed -n 's/.*slow_pairs=\([0-9]*\) .*seconds=\([0-9.]*\).*/\1 \2/p' <<<"$line" | awk 'NF == 2 && $2 > 0 { printf "%.2f", $1 / $2 }')
+            slow=$(sed -n 's/.*slow_pairs_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
             printf '%s\t%s\t%s\t%s\n' "$which" "$i" "$ns" "$slow" >>"$tsv"
         done
     done

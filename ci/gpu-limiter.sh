@@ -72,7 +72,7 @@ s_overhead() {
                 env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ovm" CUDA_DEVICE_MEMORY_LIMIT=8g "$S/bench_malloc" --slow-us 1000; fi >"$WORK/ovm-$m-$i.log" 2>&1
             printf 'malloc_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*malloc_free_ns=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
             # Pairs over 1 ms a second: a pair that waited out something else in the driver.
-            printf 'slow_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*slow_pairs=\([0-9]*\) .*seconds=\([0-9.]*\).*/\1 \2/p' "$WORK/ovm-$m-$i.log" | awk 'NF == 2 && $2 > 0 { printf "%.2f", $1 / $2 }')" >>"$WORK/ov.tsv"
+            printf 'slow_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*slow_pairs_per_s=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
         done
     done
     python3 - "$WORK/ov.tsv" <<'PY'

@@ -11,7 +11,7 @@
  *
  * --slow-us N: also time each pair and count those over N us (per path): slow_pairs= (the exported
  * entry points), slow_pairs_driver= (--ab), pairs= (per path, the warm-up run's included),
- * max_pair_us=, max_pair_driver_us=, seconds= (all runs).
+ * max_pair_us=, max_pair_driver_us=, seconds= (all runs), slow_pairs_per_s= (slow_pairs / seconds).
  * A pair that waits for something else in the driver (another thread's NVML calls, if they hold a
  * lock the allocation needs) is a slow pair; a median of runs hides a few of them.
  */
@@ -74,10 +74,12 @@ int main(int argc, char **argv)
     out("size_bytes=%llu n=%d runs=%d\n", (unsigned long long)size, n, runs);
     uint64_t t0 = now_ns();
     time_runs("malloc_free", runs, ab, pairs, NULL);
+    double secs = (double)(now_ns() - t0) / 1e9;
     if (slow_us > 0)
-        out("slow_over_us=%.0f slow_pairs=%ld slow_pairs_driver=%ld pairs=%ld max_pair_us=%.0f max_pair_driver_us=%.0f seconds=%.3f\n",
-            slow_us, slow[0], slow[1], timed[0], (double)longest[0] / 1000.0, (double)longest[1] / 1000.0,
-            (double)(now_ns() - t0) / 1e9);
+        out("slow_over_us=%.0f slow_pairs=%ld slow_pairs_driver=%ld pairs=%ld max_pair_us=%.0f max_pair_driver_us=%.0f seconds=%.3f "
+            "slow_pairs_per_s=%.2f\n",
+            slow_us, slow[0], slow[1], timed[0], (double)longest[0] / 1000.0, (double)longest[1] / 1000.0, secs,
+            (double)slow[0] / secs);
     gpu_close(&g);
     return 0;
 }

@@ -805,6 +805,8 @@ pub fn hold(clk: &mut impl Clock, mut step: impl FnMut(u64) -> Step) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::{BusyMap, SharedDeviceState};
+    use std::collections::HashMap;
 
     #[test]
     fn the_queue_runs_deeper_than_the_bucket_saves_only_at_high_caps_and_only_while_the_budget_stays_open() {
@@ -819,8 +821,6 @@ mod tests {
         assert_eq!(queue_ceiling_ns(99, save, now - 1_001_000_000, now), 100_000_000);
         assert_eq!(queue_ceiling_ns(99, -5, now, now), 0);
     }
-    use crate::limiter::{BusyMap, SharedDeviceState};
-    use std::collections::HashMap;
 
     const T0: u64 = 1_000_000_000_000;
     const MS: u64 = 1_000_000;
