@@ -78,6 +78,8 @@ fn run(rt: &'static Runtime) {
     let mut tenants = [TenantSignal::default(); MAX_DEVICES];
     let mut feeds = [Feed::default(); MAX_DEVICES];
     let mut growth = [Growth::default(); MAX_DEVICES];
+    // Whether this process launched since NVML was last asked about a plain device.
+    let mut launched_since_nvml = [false; MAX_DEVICES];
     let mut first = true;
     loop {
         // The first round runs at once: the node view (a higher priority's queue bound) and the
@@ -111,16 +113,20 @@ fn run(rt: &'static Runtime) {
             }
         });
         let any_launch = LAUNCHED.swap(false, AcqRel);
+        let caps = caps(rt, ps);
         for dev in 0..ps.devices.len() {
             let gating = gated[dev] && GATE.load(Relaxed);
+            let plain = !GATE.load(Relaxed) && caps(dev) == (None, None) && !crate::node::on_node(dev);
+            let nvml_due = policy::nvml_due(tick, plain);
+            launched_since_nvml[dev] |= any_launch;
             if gating {
                 ps.region.bucket(dev).roll_window(now);
-            } else {
+            } else if nvml_due {
                 // No gate, no occupancy tracking (the uncapped fast path measures nothing):
                 // take utilization from NVML instead.
-                publish_nvml_util(ps, dev, nvml_handles[dev], any_launch, &mut nvml_seen_us);
+                publish_nvml_util(ps, dev, nvml_handles[dev], std::mem::take(&mut launched_since_nvml[dev]), &mut nvml_seen_us);
             }
-            let device_util = observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]);
+            let device_util = if nvml_due { observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]) } else { None };
             let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
             let cap = policy::calibration_cap(cap, tenants[dev].alone);
             calibrate_charge(ps, dev, nvml_handles[dev], device_util, cap, &mut feeds[dev], now);

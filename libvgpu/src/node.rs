@@ -77,6 +77,11 @@ fn my_pid() -> u32 {
     std::process::id()
 }
 
+/// This process keeps an entry in `dev`'s node file (other containers may follow it).
+pub(crate) fn on_node(dev: usize) -> bool {
+    dev_node(dev).is_some()
+}
+
 /// Some device needs the gate for node reasons (a container of another priority is there).
 pub(crate) fn gating() -> bool {
     (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed) || ANNOUNCE[d].load(Relaxed))

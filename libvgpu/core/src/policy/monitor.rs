@@ -14,6 +14,19 @@ pub const GROWTH_EVERY: u32 = PUBLISH_EVERY * 5;
 /// NVML's per-process samples are asked for from this long before the previous reading.
 pub const NVML_LOOKBACK_US: u64 = 2_000_000;
 
+/// A device where nothing follows the other tenants (no cap or soft cap, no gate, no node file)
+/// asks NVML for its utilization and processes only every this many ticks (1 s): on an H100 one
+/// round of those calls took 5-9 ms of the driver, and five rounds per publishing period slowed
+/// another process's cuMemAlloc+cuMemFree by 9% (`bench/py/nvml_poll_cost.py`, session 23).
+pub const PLAIN_NVML_EVERY: u32 = 10;
+
+/// Does publishing tick `tick` ask NVML about a device? Every one while something follows the
+/// other tenants there (`plain` false: a cap to calibrate, contention to see, a soft cap to
+/// give back); else once per `PLAIN_NVML_EVERY` ticks, enough for the utilization it publishes.
+pub fn nvml_due(tick: u32, plain: bool) -> bool {
+    !plain || tick.is_multiple_of(PLAIN_NVML_EVERY)
+}
+
 /// What tick number `tick` does (besides refreshing the gate, which every tick does).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Schedule {
@@ -167,6 +180,15 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_plain_device_asks_nvml_once_a_second_and_a_followed_one_each_publishing_tick() {
+        let plain: Vec<u32> = (1..=40).filter(|&t| schedule(t).publish && nvml_due(t, true)).collect();
+        assert_eq!(plain, vec![10, 20, 30, 40]);
+        let followed = (1..=40).filter(|&t| schedule(t).publish && nvml_due(t, false)).count();
+        assert_eq!(followed, 20);
+        assert!(nvml_due(0, true)); // the tick counter wraps to 0
+    }
 
     #[test]
     fn the_schedule() {
