@@ -99,7 +99,7 @@ show("cuMemAlloc+cuMemFree 1 MiB, 8g cap", "malloc_on", "malloc_off")
 if v.get("slow_on") or v.get("slow_off"):
     med = lambda k: statistics.median(v[k].values()) if v.get(k) else float("nan")  # noqa: E731
     print(f"  {'malloc+free pairs over 1 ms':34s} {med('slow_on'):.2f}/s with the hook, {med('slow_off'):.2f}/s without "
-          f"(median of rounds; the monitor asks NVML every 200 ms)")
+          f"(median of rounds; the monitor asks NVML once a second here, no SM cap)")
 PY
     # Separate processes differ by more than the bounds (one run's malloc+free: 62-97 us on an
     # H100): the same comparison inside one process, the exported entry point against the driver's
