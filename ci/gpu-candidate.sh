@@ -8,13 +8,14 @@
 #   part N            ci/gpu-acceptance.sh N with the candidate as libvgpu.so (a copy of dist/ in /tmp)
 #   malloc [ROUNDS]   cuMemAlloc+cuMemFree 1 MiB under an 8g cap (samples/bench_malloc --slow-us 1000),
 #                     no hook / dist's / the candidate, interleaved processes (default 15 rounds):
-#                     each one's median ns and pairs over 1 ms a second (median of rounds), and the
+#                     each one's median ns, pairs over 1 ms a second and the share of its pairs' time
+#                     spent in them (medians of rounds), and the
 #                     hooks' median per-round ratios to no hook
 # usage: dist/ci/gpu-candidate.sh LIB compare [ROUNDS] | LIB part N | LIB malloc [ROUNDS]   ($OUT: logs)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 lib=${1:-}
-[ -n "$lib" ] && [ -f "$lib" ] || { sed -n '2,13p' "$0"; echo "error=no_candidate_library path=${lib:-<none>}" >&2; exit 2; }
+[ -n "$lib" ] && [ -f "$lib" ] || { sed -n '2,14p' "$0"; echo "error=no_candidate_library path=${lib:-<none>}" >&2; exit 2; }
 [ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 lib=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
 export DIST PYTHONUNBUFFERED=1
@@ -46,27 +47,29 @@ malloc)
                 "$DIST/samples/bench_malloc" --slow-us 1000 2>&1 | tr '\n' ' ')
             ns=$(sed -n 's/.*malloc_free_ns=\([0-9.]*\) .*/\1/p' <<<"$line")
             slow=$(sed -n 's/.*slow_pairs_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
-            printf '%s\t%s\t%s\t%s\n' "$which" "$i" "$ns" "$slow" >>"$tsv"
+            share=$(sed -n 's/.*slow_time_share=\([0-9.]*\).*/\1/p' <<<"$line")
+            printf '%s\t%s\t%s\t%s\t%s\n' "$which" "$i" "$ns" "$slow" "$share" >>"$tsv"
         done
     done
     python3 - "$tsv" "$(basename "$lib")" <<'PY'
 import statistics, sys
 v = {}
 for line in open(sys.argv[1]):
-    w, i, ns, slow = (line.rstrip("\n").split("\t") + ["", ""])[:4]
+    w, i, ns, slow, share = (line.rstrip("\n").split("\t") + ["", "", ""])[:5]
     if ns and slow:
-        v.setdefault(w, {})[i] = (float(ns), float(slow))
+        v.setdefault(w, {})[i] = (float(ns), float(slow), float(share or "nan"))
 for w, name in (("off", "no hook"), ("main", "dist's libvgpu.so"), ("cand", sys.argv[2])):
     if w not in v:
         print(f"candidate_malloc build={name} runs=0")
         continue
     ns = statistics.median(x[0] for x in v[w].values())
     slow = statistics.median(x[1] for x in v[w].values())
+    share = statistics.median(x[2] for x in v[w].values())
     ratio = ""
     if w != "off" and "off" in v:
         r = [v[w][i][0] / v["off"][i][0] for i in v[w] if i in v["off"]]
         ratio = f" ratio={statistics.median(r):.3f} min={min(r):.3f} max={max(r):.3f}"
-    print(f"candidate_malloc build={name} malloc_free_ns={ns:.0f} slow_pairs_per_s={slow:.2f}{ratio} rounds={len(v[w])}")
+    print(f"candidate_malloc build={name} malloc_free_ns={ns:.0f} slow_pairs_per_s={slow:.2f} slow_time_share={share:.5f}{ratio} rounds={len(v[w])}")
 PY
     ;;
 part)
@@ -78,5 +81,5 @@ part)
     rc=$?
     rm -rf "$copy"
     exit $rc ;;
-*) sed -n '2,13p' "$0"; exit 2 ;;
+*) sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -73,6 +73,7 @@ s_overhead() {
             printf 'malloc_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*malloc_free_ns=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
             # Pairs over 1 ms a second: a pair that waited out something else in the driver.
             printf 'slow_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*slow_pairs_per_s=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
+            printf 'slowshare_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*slow_time_share=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
         done
     done
     python3 - "$WORK/ov.tsv" <<'PY'
@@ -100,6 +101,10 @@ if v.get("slow_on") or v.get("slow_off"):
     med = lambda k: statistics.median(v[k].values()) if v.get(k) else float("nan")  # noqa: E731
     print(f"  {'malloc+free pairs over 1 ms':34s} {med('slow_on'):.2f}/s with the hook, {med('slow_off'):.2f}/s without "
           f"(median of rounds; the monitor asks NVML once a second here, no SM cap)")
+if v.get("slowshare_on") or v.get("slowshare_off"):
+    med = lambda k: statistics.median(v[k].values()) if v.get(k) else float("nan")  # noqa: E731
+    print(f"  {'time in those pairs':34s} {100 * med('slowshare_on'):.2f}% of the pairs' time with the hook, "
+          f"{100 * med('slowshare_off'):.2f}% without (at most what the stalls add to a mean)")
 PY
     # Separate processes differ by more than the bounds (one run's malloc+free: 62-97 us on an
     # H100): the same comparison inside one process, the exported entry point against the driver's

@@ -11,7 +11,9 @@
  *
  * --slow-us N: also time each pair and count those over N us (per path): slow_pairs= (the exported
  * entry points), slow_pairs_driver= (--ab), pairs= (per path, the warm-up run's included),
- * max_pair_us=, max_pair_driver_us=, seconds= (all runs), slow_pairs_per_s= (slow_pairs / seconds).
+ * max_pair_us=, max_pair_driver_us=, seconds= (all runs), slow_pairs_per_s= (slow_pairs / seconds),
+ * slow_time_share= (the exported path's time spent in its slow pairs, over all its timed pairs:
+ * at most what the stalls add to its mean).
  * A pair that waits for something else in the driver (another thread's NVML calls, if they hold a
  * lock the allocation needs) is a slow pair; a median of runs hides a few of them.
  */
@@ -27,9 +29,10 @@ static free_fn frees[2] = {cuMemFree_v2, NULL};
 static uint64_t size = MIB;
 static int n = 2000;
 static double slow_us = 0;
-/* --slow-us: per path, pairs over slow_us, pairs timed, and the longest pair (ns). */
+/* --slow-us: per path, pairs over slow_us, pairs timed, the longest pair, and the time (ns) in
+ * slow pairs and in all timed pairs. */
 static long slow[2], timed[2];
-static uint64_t longest[2];
+static uint64_t longest[2], slow_time[2], timed_time[2];
 
 static double pairs(int which, void *ctx)
 {
@@ -43,7 +46,9 @@ static double pairs(int which, void *ctx)
         if (slow_ns) {
             uint64_t d = now_ns() - p0;
             slow[which] += d > slow_ns;
+            slow_time[which] += d > slow_ns ? d : 0;
             timed[which]++;
+            timed_time[which] += d;
             longest[which] = d > longest[which] ? d : longest[which];
         }
     }
@@ -77,9 +82,9 @@ int main(int argc, char **argv)
     double secs = (double)(now_ns() - t0) / 1e9;
     if (slow_us > 0)
         out("slow_over_us=%.0f slow_pairs=%ld slow_pairs_driver=%ld pairs=%ld max_pair_us=%.0f max_pair_driver_us=%.0f seconds=%.3f "
-            "slow_pairs_per_s=%.2f\n",
+            "slow_pairs_per_s=%.2f slow_time_share=%.5f\n",
             slow_us, slow[0], slow[1], timed[0], (double)longest[0] / 1000.0, (double)longest[1] / 1000.0, secs,
-            (double)slow[0] / secs);
+            (double)slow[0] / secs, timed_time[0] ? (double)slow_time[0] / (double)timed_time[0] : 0.0);
     gpu_close(&g);
     return 0;
 }
