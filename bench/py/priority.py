@@ -10,7 +10,9 @@ TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/sam
 service, "no_priority priority" by default; "idle_higher" adds one beside a priority-0 container that is on the GPU
 but sends nothing: what being the lower priority costs the training by itself (its rate over its solo rate);
 TRAINERS=N: N trainings at once, each its own container (default 1; their rates summed, solo too);
-SYNC: how the service waits for each result (service.py); CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
+SYNC: how the service waits for each result (service.py); LINGER_US: service.py's linger experiment;
+SERVICE_PRELOAD: a library preloaded into the service before the hook, e.g. bench/gpu/tsg_probe.so with TSG_TIMESLICE_US=8000 (the service's
+own channel groups at 8 ms: with LINGER_US, does a request launched in the service's host gap skip the switch?); CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
 hook's lines of each training run go to $OUT/priority-train-MODE.log, the service's to $OUT/priority-service-MODE.log)"""
 import json
 import os
@@ -40,8 +42,17 @@ def env(prio, tag):
     return tenant_env(node_dir, prio, f"prio-{tag}")
 
 
+SERVICE_PRELOAD = os.environ.get("SERVICE_PRELOAD", "")
+if SERVICE_PRELOAD and not os.path.isfile(SERVICE_PRELOAD):
+    sys.exit(f"priority.py: SERVICE_PRELOAD={SERVICE_PRELOAD!r} is not a file")
+
+
 def service(prio, mode):
-    run = subprocess.run(SERVICE, env=env(prio, "svc"), capture_output=True, text=True)
+    e = env(prio, "svc")
+    if SERVICE_PRELOAD:
+        # First: its ioctl reaches the hook's, which goes to libc's (the other order would skip it).
+        e["LD_PRELOAD"] = f"{SERVICE_PRELOAD} {e['LD_PRELOAD']}"
+    run = subprocess.run(SERVICE, env=e, capture_output=True, text=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"priority-service-{mode}.log"), "a") as f:
             f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith("[libvgpu"))

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# gap_switch.sh: issue 14's tail is the queued request: launched in the service's host gap after
+# the previous one returns, it waits for the GPU to switch back from the training that ran in
+# that gap (docs/design.md, node-level coordination). Session 24's linger kept nothing while the
+# service's own timeslice (libcuda's, about 1 ms) still expired around each request's end. This
+# runs `MODES=priority priority.py SECONDS` with the service waiting on its stream, four ways:
+#   plain | linger (LINGER_US=300: a spin after each request on a side stream) | long (the
+#   service's own channel groups at 8 ms, bench/gpu/bin/tsg_probe.so) | both
+# and prints each one's p99 ratio, queued p99 and the tail's `outside` (the switch), from
+# $OUT/priority.jsonl. If `both` brings the tail's `outside` to alone's, the hook should do both.
+# usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so)
+set -u
+DIST=${DIST:-$(cd "$(dirname "$0")/.." && pwd)}
+secs=${1:-40}
+shift || true
+variants=("$@")
+[ ${#variants[@]} -eq 0 ] && variants=(plain linger long both)
+probe=$DIST/bench/gpu/bin/tsg_probe.so
+if [ ! -f "$probe" ]; then
+    mkdir -p "$(dirname "$probe")" && "${CC:-cc}" -shared -fPIC -O2 -o "$probe" "$DIST/bench/gpu/tsg_probe.c" -ldl -lpthread ||
+        { echo "error=tsg_probe_build_failed"; exit 2; }
+fi
+out=${OUT:-$(mktemp -d /tmp/gap-switch-XXXXXX)}
+for v in "${variants[@]}"; do
+    case $v in
+    plain) extra=() ;;
+    linger) extra=(LINGER_US=300) ;;
+    long) extra=(SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
+    both) extra=(LINGER_US=300 SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
+    *) echo "error=unknown_variant $v (plain linger long both)"; exit 2 ;;
+    esac
+    mkdir -p "$out/$v"
+    env "${extra[@]}" OUT="$out/$v" DIST="$DIST" SYNC=stream MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$out/$v/priority.txt" 2>&1
+    python3 - "$out/$v/priority.jsonl" "$v" <<'PY'
+import json, sys
+try:
+    r = json.loads(open(sys.argv[1]).readlines()[-1])
+except (OSError, IndexError, ValueError):
+    sys.exit(print(f"gap_switch variant={sys.argv[2]} error=no_result"))
+a, p = r["service_alone"], r["priority"]["service"]
+print(f"gap_switch variant={sys.argv[2]} p99_ratio={r['p99_ratio']} keeps={r['priority']['training_keeps']} "
+      f"p99_ms={a['p99_ms']}->{p['p99_ms']} queued_lat_p99_ms={a.get('queued_lat_p99_ms')}->{p.get('queued_lat_p99_ms')} "
+      f"tail_outside_ms={a.get('tail_outside_ms')}->{p.get('tail_outside_ms')}", flush=True)
+PY
+done
