@@ -55,7 +55,7 @@ def service(prio, mode):
     run = subprocess.run(SERVICE, env=e, capture_output=True, text=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"priority-service-{mode}.log"), "a") as f:
-            f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith("[libvgpu"))
+            f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith(("[libvgpu", "tsg_probe set")))
     if run.returncode != 0:
         sys.exit(f"priority.py: the service ({mode}) exited with {run.returncode}: {run.stderr[-2000:]}")
     rec = {}
