@@ -361,10 +361,14 @@ fn two_capped_containers_take_turns_instead_of_time_slicing() {
     // of its turn (44.0/44.5% once while a build ran beside it, 47-50% otherwise), so this mock
     // test guards the mechanism with bounds the old behaviour fails by a wide margin: each
     // within 6 points of its cap, and 88% of the work at 50/50. The 3 points and 95% busy
-    // are judged on a GPU (`ci/gpu-limiter.sh containers` prints PASS/FAIL).
+    // are judged on a GPU (`ci/gpu-limiter.sh containers` prints PASS/FAIL). A pair that misses
+    // is measured once more, alone rate included, and only a second miss fails: in a clean-clone
+    // CI run (session 25, nothing else running) b lost part of its turns for two seconds (334/s
+    // against 404-460 the others) beside an alone rate of 922/s and read 42.0% at 50/50, where
+    // five runs in a row read 46.8-50.8; time-slicing (the old behaviour) misses every time.
     let switch = [("MOCK_GPU_SWITCH_NS", "150000")];
-    let base = alone_rate(&switch);
-    for (ca, cb) in [(50, 50), (30, 60)] {
+    let measure = |ca: u32, cb: u32| -> Result<(), String> {
+        let base = alone_rate(&switch);
         let s = Scratch::new("node-turns");
         let (ea, eb) = ([switch[0], ("CUDA_DEVICE_SM_LIMIT", &*ca.to_string())], [switch[0], ("CUDA_DEVICE_SM_LIMIT", &*cb.to_string())]);
         let mut a = Bg::spawn(saturating(&s, "a", 1, 1, &ea), "container a");
@@ -380,12 +384,23 @@ fn two_capped_containers_take_turns_instead_of_time_slicing() {
         let (sa, sb) = (100.0 * mean(&ra, &format!("a\n{ctx}")) / base, 100.0 * mean(&rb, &format!("b\n{ctx}")) / base);
         let busy = field(&watched, "mean_util");
         eprintln!("caps {ca}/{cb}: alone {base:.0}/s; a {sa:.1}%, b {sb:.1}%, GPU {busy:.1}% busy");
-        assert!((sa - ca as f64).abs() <= 6.0 && (sb - cb as f64).abs() <= 6.0, "caps {ca}/{cb}: the containers got {sa:.1}% and {sb:.1}% of one's throughput\n{ctx}");
-        if ca + cb == 100 {
-            assert!(sa + sb >= 88.0, "caps {ca}/{cb}: the GPU did {:.1}% of one container's work ({busy:.1}% busy)\n{ctx}", sa + sb);
-        }
         a.stop();
         b.stop();
+        if (sa - ca as f64).abs() > 6.0 || (sb - cb as f64).abs() > 6.0 {
+            return Err(format!("caps {ca}/{cb}: the containers got {sa:.1}% and {sb:.1}% of one's throughput\n{ctx}"));
+        }
+        if ca + cb == 100 && sa + sb < 88.0 {
+            return Err(format!("caps {ca}/{cb}: the GPU did {:.1}% of one container's work ({busy:.1}% busy)\n{ctx}", sa + sb));
+        }
+        Ok(())
+    };
+    for (ca, cb) in [(50, 50), (30, 60)] {
+        if let Err(first) = measure(ca, cb) {
+            eprintln!("RETRY caps {ca}/{cb} once: {}", first.lines().next().unwrap_or_default());
+            if let Err(second) = measure(ca, cb) {
+                panic!("twice in a row: {}\nthe first time: {first}", second);
+            }
+        }
     }
 }
 
