@@ -70,10 +70,10 @@ s_overhead() {
         for m in off on; do
             if [ $m = off ]; then env -u LD_PRELOAD "$S/bench_malloc" --slow-us 1000; else
                 env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/r-ovm" CUDA_DEVICE_MEMORY_LIMIT=8g "$S/bench_malloc" --slow-us 1000; fi >"$WORK/ovm-$m-$i.log" 2>&1
-            printf 'malloc_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*malloc_free_ns=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
-            # Pairs over 1 ms a second: a pair that waited out something else in the driver.
-            printf 'slow_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*slow_pairs_per_s=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
-            printf 'slowshare_%s\t%s\t%s\n' "$m" "$i" "$(sed -n 's/.*slow_time_share=\([0-9.]*\).*/\1/p' "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
+            # slow: pairs over 1 ms a second, pairs that waited out something else in the driver.
+            for k in malloc:malloc_free_ns slow:slow_pairs_per_s slowshare:slow_time_share; do
+                printf '%s_%s\t%s\t%s\n' "${k%%:*}" "$m" "$i" "$(sed -n "s/.*${k#*:}=\([0-9.]*\).*/\1/p" "$WORK/ovm-$m-$i.log" | head -1)" >>"$WORK/ov.tsv"
+            done
         done
     done
     python3 - "$WORK/ov.tsv" <<'PY'
@@ -97,12 +97,11 @@ def show(name, num, den):
 show("launch, no cap", "launch_nocap", "launch_off")
 show("launch, cap 99 (gate active)", "launch_cap99", "launch_off")
 show("cuMemAlloc+cuMemFree 1 MiB, 8g cap", "malloc_on", "malloc_off")
+med = lambda k: statistics.median(v[k].values()) if v.get(k) else float("nan")  # noqa: E731
 if v.get("slow_on") or v.get("slow_off"):
-    med = lambda k: statistics.median(v[k].values()) if v.get(k) else float("nan")  # noqa: E731
     print(f"  {'malloc+free pairs over 1 ms':34s} {med('slow_on'):.2f}/s with the hook, {med('slow_off'):.2f}/s without "
           f"(median of rounds; the monitor asks NVML once a second here, no SM cap)")
 if v.get("slowshare_on") or v.get("slowshare_off"):
-    med = lambda k: statistics.median(v[k].values()) if v.get(k) else float("nan")  # noqa: E731
     print(f"  {'time in those pairs':34s} {100 * med('slowshare_on'):.2f}% of the pairs' time with the hook, "
           f"{100 * med('slowshare_off'):.2f}% without (at most what the stalls add to a mean)")
 PY

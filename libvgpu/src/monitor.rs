@@ -96,7 +96,8 @@ fn run(rt: &'static Runtime) {
         if when.upkeep {
             region_upkeep(ps);
         }
-        crate::node::refresh(rt, ps, caps(rt, ps), LAUNCHED.load(Relaxed), GATE.load(Relaxed));
+        let caps = caps(rt, ps);
+        crate::node::refresh(rt, ps, &caps, LAUNCHED.load(Relaxed), GATE.load(Relaxed));
         refresh_gate(rt, ps);
         if !when.publish {
             continue;
@@ -113,7 +114,6 @@ fn run(rt: &'static Runtime) {
             }
         });
         let any_launch = LAUNCHED.swap(false, AcqRel);
-        let caps = caps(rt, ps);
         for dev in 0..ps.devices.len() {
             let gating = gated[dev] && GATE.load(Relaxed);
             let plain = !GATE.load(Relaxed) && caps(dev) == (None, None) && !crate::node::on_node(dev);
