@@ -3,18 +3,22 @@
 # the previous one returns, it waits for the GPU to switch back from the training that ran in
 # that gap (docs/design.md, node-level coordination). Session 24's linger kept nothing while the
 # service's own timeslice (libcuda's, about 1 ms) still expired around each request's end. This
-# runs `MODES=priority priority.py SECONDS` with the service waiting on its stream, four ways:
-#   plain | linger (LINGER_US=300: a spin after each request on a side stream) | long (the
-#   service's own channel groups at 8 ms, bench/gpu/bin/tsg_probe.so) | both
+# runs `MODES=priority priority.py SECONDS` with the service waiting on its stream, in any of:
+#   plain | linger (LINGER_US=300: a spin after each request on a side stream, its full length)
+#   | linger_pre / linger_post (the same spin, ended by the next request moving a word of pinned
+#   memory before / after its replay is queued: LINGER_END, needs CuPy) | long (the service's own
+#   channel groups at 8 ms, bench/gpu/bin/tsg_probe.so) | both (linger and long)
 # and prints each one's p99 ratio, queued p99 and the tail's `outside` (the switch), from
-# $OUT/priority.jsonl. If `both` brings the tail's `outside` to alone's, the hook should do both.
+# $OUT/priority.jsonl. Session 26 (H200): linger takes the tail's `outside` to alone's, long adds
+# nothing. The default runs plain, linger, linger_pre, linger_post: does a hook's linger, ended at
+# the next launch, keep what the full-length one keeps, and only if it ends after the launch?
 # usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so)
 set -u
 DIST=${DIST:-$(cd "$(dirname "$0")/.." && pwd)}
 secs=${1:-40}
 shift || true
 variants=("$@")
-[ ${#variants[@]} -eq 0 ] && variants=(plain linger long both)
+[ ${#variants[@]} -eq 0 ] && variants=(plain linger linger_pre linger_post)
 probe=$DIST/bench/gpu/bin/tsg_probe.so
 if [ ! -f "$probe" ]; then
     mkdir -p "$(dirname "$probe")" && "${CC:-cc}" -shared -fPIC -O2 -o "$probe" "$DIST/bench/gpu/tsg_probe.c" -ldl -lpthread ||
@@ -25,9 +29,11 @@ for v in "${variants[@]}"; do
     case $v in
     plain) extra=() ;;
     linger) extra=(LINGER_US=300) ;;
+    linger_pre) extra=(LINGER_US=300 LINGER_END=pre) ;;
+    linger_post) extra=(LINGER_US=300 LINGER_END=post) ;;
     long) extra=(SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
     both) extra=(LINGER_US=300 SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
-    *) echo "error=unknown_variant $v (plain linger long both)"; exit 2 ;;
+    *) echo "error=unknown_variant $v (plain linger linger_pre linger_post long both)"; exit 2 ;;
     esac
     mkdir -p "$out/$v"
     env "${extra[@]}" OUT="$out/$v" DIST="$DIST" SYNC=stream MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$out/$v/priority.txt" 2>&1

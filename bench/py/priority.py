@@ -10,7 +10,7 @@ TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/sam
 service, "no_priority priority" by default; "idle_higher" adds one beside a priority-0 container that is on the GPU
 but sends nothing: what being the lower priority costs the training by itself (its rate over its solo rate);
 TRAINERS=N: N trainings at once, each its own container (default 1; their rates summed, solo too);
-SYNC: how the service waits for each result (service.py); LINGER_US: service.py's linger experiment;
+SYNC: how the service waits for each result (service.py); LINGER_US, LINGER_END: service.py's linger experiment;
 SERVICE_PRELOAD: a library preloaded into the service before the hook, e.g. bench/gpu/tsg_probe.so with TSG_TIMESLICE_US=8000 (the service's
 own channel groups at 8 ms: with LINGER_US, does a request launched in the service's host gap skip the switch?); CPUS="A:B": the service on CPUs A, the training on CPUs B (taskset lists), as containers with their own cpusets; the
 hook's lines of each training run go to $OUT/priority-train-MODE.log, the service's to $OUT/priority-service-MODE.log)"""

@@ -1,7 +1,7 @@
 """A latency-critical inference service for the priority benchmark (issue 14): batch-1 ResNet-50
 forward (a few ms of GPU time) replayed from a CUDA graph; requests arrive at random (exponential
 gaps, mean MEAN_MS); each request's latency is measured from its arrival to its result.
-usage: service.py SECONDS [MEAN_MS]   (env LINGER_US: see below; SYNC=device|stream|event: how a request's
+usage: service.py SECONDS [MEAN_MS]   (env LINGER_US, LINGER_END: see below; SYNC=device|stream|event: how a request's
 result is waited for, `workloads.graph`; device, a context synchronize, by default)   prints `service requests= p50_ms= p90_ms= p99_ms= max_ms= busy_ms_per_req=`
 and `service_parts`: where the latency went, per request: `queued` (arrived while the previous
 one was still being served: waited behind it on the CPU), `gpu` (from the GPU reaching the
@@ -24,6 +24,11 @@ secs = float(sys.argv[1])
 # An experiment, off by default: LINGER_US=N spins one GPU thread N us (at 1.98 GHz) after each
 # request on a side stream, so a request arriving within N us finds this context still on the GPU.
 linger_cycles = int(float(__import__("os").environ.get("LINGER_US", "0")) * 1980)
+# LINGER_END=fixed|pre|post: the spin runs its length (fixed, default), or the next request ends
+# it before (pre) or after (post) its replay is queued (workloads.word_linger; needs CuPy).
+linger_end = __import__("os").environ.get("LINGER_END", "fixed")
+if linger_end not in ("fixed", "pre", "post"):
+    sys.exit(f"service.py: LINGER_END={linger_end!r}: want fixed, pre or post")
 mean_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
 sync = __import__("os").environ.get("SYNC", "device")
 if sync not in ("device", "stream", "event"):
@@ -38,6 +43,8 @@ for _ in range(50):
 busy_ms = (time.monotonic() - t) / 50 * 1e3
 rng = random.Random(1)
 ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+for _ in range(5 if linger_cycles else 0):
+    step(ev0, ev1, linger_cycles, sync, linger_end)  # the linger's stream (and CuPy's build) made now
 lat, parts, t0 = [], [], time.monotonic()
 arrival = t0
 while arrival - t0 < secs:
@@ -46,7 +53,7 @@ while arrival - t0 < secs:
     if arrival > now:
         time.sleep(arrival - now)
     launch = time.monotonic()
-    step(ev0, ev1, linger_cycles, sync)
+    step(ev0, ev1, linger_cycles, sync, linger_end)
     done = time.monotonic()
     gpu = ev0.elapsed_time(ev1)
     lat.append((done - arrival) * 1e3)

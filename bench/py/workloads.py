@@ -73,6 +73,36 @@ def resnet():
     return training(lambda: lossf(model(x), y), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
 
+class word_linger:
+    """A one-thread spin that runs until a word of pinned host memory moves or its cycles pass
+    (CuPy's NVRTC builds it; the pointer of pinned memory is the device's too, under unified
+    addressing). `start(stream, cycles)` queues one spin on a torch stream; `stop()` moves the
+    word, which ends the spin queued last (each spins while the word still holds its number)."""
+
+    SRC = r"""
+    extern "C" __global__ void vgpu_word_linger(volatile unsigned int* word, unsigned int gen, long long cycles) {
+        long long t0 = clock64();
+        while (*word == gen && clock64() - t0 < cycles) {}
+    }"""
+
+    def __init__(self):
+        import cupy
+        import numpy
+        self.cupy, self.numpy = cupy, numpy
+        self.mem = cupy.cuda.alloc_pinned_memory(4)
+        self.word = numpy.frombuffer(self.mem, numpy.uint32, 1)
+        self.word[0] = 0
+        self.kernel = cupy.RawKernel(self.SRC, "vgpu_word_linger")
+
+    def start(self, stream, cycles):
+        gen = int(self.word[0])
+        with self.cupy.cuda.ExternalStream(stream.cuda_stream):
+            self.kernel((1,), (1,), (self.numpy.uint64(self.mem.ptr), self.numpy.uint32(gen), self.numpy.int64(cycles)))
+
+    def stop(self):
+        self.word[0] = (int(self.word[0]) + 1) & 0xFFFFFFFF
+
+
 def graph():
     use_torch()
     import torchvision
@@ -90,25 +120,38 @@ def graph():
 
     side = []  # the linger experiment's stream, made on its first use: the plain replay makes none
     done = []  # sync="event": the event the replay's end is recorded into
+    ended = []  # linger_end pre/post: the word-ended spin (word_linger), made on its first use
 
-    def step(start=None, end=None, linger_cycles=0, sync="device"):
+    def step(start=None, end=None, linger_cycles=0, sync="device", linger_end="fixed"):
         # sync: how the result is waited for: "device" (torch.cuda.synchronize, a context
         # synchronize), "stream" (a stream synchronize of the replay's stream) or "event" (an
         # event recorded after the replay). Services wait in each of these ways.
         # Events around the replay (optional) time the request's own stretch on the GPU.
+        # linger_end (with linger_cycles): "fixed", the spin runs its length; "pre" / "post", the
+        # next request ends it by moving a word of pinned memory before / after its replay is
+        # queued (what a hook can do at a launch; session 24's hook linger ended it so).
+        if linger_cycles and linger_end != "fixed" and not ended:
+            ended.append(word_linger())
+        if ended and linger_end == "pre":
+            ended[0].stop()
         if start is not None:
             start.record()
         g.replay()
         if end is not None:
             end.record()
+        if ended and linger_end == "post":
+            ended[0].stop()
         if linger_cycles and end is not None:
             # An experiment (service.py LINGER_US): a one-thread spin on a side stream from the
             # request's end keeps this context on the GPU a while; wait for the request only.
             if not side:
                 side.append(torch.cuda.Stream())
             side[0].wait_event(end)
-            with torch.cuda.stream(side[0]):
-                torch.cuda._sleep(linger_cycles)
+            if ended:
+                ended[0].start(side[0], linger_cycles)
+            else:
+                with torch.cuda.stream(side[0]):
+                    torch.cuda._sleep(linger_cycles)
             end.synchronize()
         elif sync == "stream":
             torch.cuda.current_stream().synchronize()
