@@ -10,6 +10,11 @@ off) of the metric the command prints.
 usage: nvml_poll_cost.py ROUNDS METRIC -- CMD...     e.g. 7 malloc_free_ns -- samples/bench_malloc
        nvml_poll_cost.py calls [N]     how long each of those NVML calls takes (median and max of N
                                        rounds, ms; which of them makes a round's 5-9 ms, session 23)
+       nvml_poll_cost.py stalls ROUNDS -- CMD...   which call stalls the command's driver calls: CMD
+                                       (e.g. samples/bench_malloc --slow-us 1000) runs beside each
+                                       call alone once a PERIOD, and beside none, interleaved; prints
+                                       the median of its slow_pairs_per_s per call (session 26: one
+                                       stall a second is left once the per-process call is gone)
 Env: PERIOD_MS (default 200), BURST (NVML calls sets per period, default 1).
 """
 import ctypes
@@ -51,12 +56,22 @@ def compute_processes(nv):
     nv.lib.nvmlDeviceGetComputeRunningProcesses_v3(nv.h, ctypes.byref(n), procs)
 
 
-# The monitor's calls, in its order: (name, call).
+class Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def memory_info(nv):
+    m = Memory()
+    nv.lib.nvmlDeviceGetMemoryInfo(nv.h, ctypes.byref(m))
+
+
+# The monitor's calls, in its order: (name, call). Memory info is its growth check's, each second.
 CALLS = (
     ("utilization", lambda nv: nv.util()),
     ("samples", lambda nv: nv.samples_since(int(time.time() * 1e6) - 2_000_000)),
     ("process_utilization", process_utilization),
     ("compute_processes", compute_processes),
+    ("memory_info", memory_info),
 )
 
 
@@ -79,9 +94,41 @@ def calls(n):
         print(f"nvml_poll_cost call={name} median_ms={statistics.median(ms):.3f} max_ms={max(ms):.3f} rounds={n}", flush=True)
 
 
+def stalls(rounds, cmd):
+    """CMD's slow_pairs_per_s beside each NVML call alone, once a PERIOD, and beside none."""
+    nv = Nvml()
+    names = ["none"] + [name for name, _ in CALLS]
+    current = ["none"]
+    stop = threading.Event()
+
+    def poller():
+        while not stop.is_set():
+            for name, call in CALLS:
+                if name == current[0]:
+                    call(nv)
+            time.sleep(PERIOD)
+
+    threading.Thread(target=poller, daemon=True).start()
+    got = {n: [] for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            current[0] = name
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            m = re.search(r"\bslow_pairs_per_s=([0-9.]+)", out)
+            got[name].append(float(m.group(1)) if m else float("nan"))
+            print(f"nvml_poll_cost stalls round={r} call={name} slow_pairs_per_s={got[name][-1]}", flush=True)
+    stop.set()
+    for name in names:
+        print(f"nvml_poll_cost stalls call={name} period_ms={PERIOD * 1000:.0f} slow_pairs_per_s={statistics.median(got[name]):.2f} "
+              f"min={min(got[name]):.2f} max={max(got[name]):.2f} rounds={rounds}", flush=True)
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "calls":
         return calls(int(sys.argv[2]) if len(sys.argv) > 2 else 50)
+    if len(sys.argv) > 1 and sys.argv[1] == "stalls":
+        sep = sys.argv.index("--")
+        return stalls(int(sys.argv[2]), sys.argv[sep + 1:])
     sep = sys.argv.index("--")
     rounds, metric = int(sys.argv[1]), sys.argv[2]
     cmd = sys.argv[sep + 1:]
