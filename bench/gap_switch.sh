@@ -12,7 +12,8 @@
 # $OUT/priority.jsonl. Session 26 (H200): linger takes the tail's `outside` to alone's, long adds
 # nothing. The default runs plain, linger, linger_pre, linger_post: does a hook's linger, ended at
 # the next launch, keep what the full-length one keeps, and only if it ends after the launch?
-# usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so)
+# usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so;
+#        SYNC=device|event: the service waits so instead of on its stream)
 set -u
 DIST=${DIST:-$(cd "$(dirname "$0")/.." && pwd)}
 secs=${1:-40}
@@ -36,7 +37,7 @@ for v in "${variants[@]}"; do
     *) echo "error=unknown_variant $v (plain linger linger_pre linger_post long both)"; exit 2 ;;
     esac
     mkdir -p "$out/$v"
-    env "${extra[@]}" OUT="$out/$v" DIST="$DIST" SYNC=stream MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$out/$v/priority.txt" 2>&1
+    env "${extra[@]}" OUT="$out/$v" DIST="$DIST" SYNC="${SYNC:-stream}" MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$out/$v/priority.txt" 2>&1
     python3 - "$out/$v/priority.jsonl" "$v" <<'PY'
 import json, sys
 try:
