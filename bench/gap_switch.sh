@@ -12,6 +12,7 @@
 # $OUT/priority.jsonl. Session 26 (H200): linger takes the tail's `outside` to alone's, long adds
 # nothing. The default runs plain, linger, linger_pre, linger_post: does a hook's linger, ended at
 # the next launch, keep what the full-length one keeps, and only if it ends after the launch?
+# hook / hook_off: the hook's own linger (LINGER_LIB=a build of branch `linger`), on and off.
 # usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so;
 #        SYNC=device|event: the service waits so instead of on its stream)
 set -u
@@ -32,9 +33,12 @@ for v in "${variants[@]}"; do
     linger) extra=(LINGER_US=300) ;;
     linger_pre) extra=(LINGER_US=300 LINGER_END=pre) ;;
     linger_post) extra=(LINGER_US=300 LINGER_END=post) ;;
+    # The hook's own linger (branch `linger`): the build in $LINGER_LIB, lingering or not.
+    hook) extra=(LIBVGPU="${LINGER_LIB:?hook needs LINGER_LIB}" LIBCUDA_LOG_LEVEL=3) ;;
+    hook_off) extra=(LIBVGPU="${LINGER_LIB:?hook_off needs LINGER_LIB}" VGPU_PRIORITY_LINGER_US=0 LIBCUDA_LOG_LEVEL=3) ;;
     long) extra=(SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
     both) extra=(LINGER_US=300 SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
-    *) echo "error=unknown_variant $v (plain linger linger_pre linger_post long both)"; exit 2 ;;
+    *) echo "error=unknown_variant $v (plain linger linger_pre linger_post long both hook hook_off)"; exit 2 ;;
     esac
     mkdir -p "$out/$v"
     env "${extra[@]}" OUT="$out/$v" DIST="$DIST" SYNC="${SYNC:-stream}" MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$out/$v/priority.txt" 2>&1
@@ -50,6 +54,9 @@ print(f"gap_switch variant={sys.argv[2]} p99_ratio={r['p99_ratio']} keeps={r['pr
       f"tail_outside_ms={a.get('tail_outside_ms')}->{p.get('tail_outside_ms')}", flush=True)
 PY
     # Whether the driver took the 8 ms: the timeslices tsg_probe read back from the service's groups.
+    case $v in hook | hook_off)
+        echo "gap_switch variant=$v service_lingers: $(grep -ho 'linger: [0-9]* spins' "$out/$v"/priority-service-*.log 2>/dev/null | tail -2 | tr '\n' ' ')" ;;
+    esac
     case $v in long | both)
         echo "gap_switch variant=$v service_groups_read_back: $(grep -ho 'after_us=[0-9]*' "$out/$v"/priority-service-*.log 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')" ;;
     esac
