@@ -10,6 +10,8 @@ else
 fi
 # Hook table signatures and CUDA constants against NVIDIA's cuda.h / nvml.h (from PyPI, cached).
 python3 ci/check-abi.py
+# Every PTX text we ship (samples, hook) through NVIDIA's ptxas for sm_90 (from PyPI, cached).
+python3 ci/check-ptx.py
 cargo test --workspace --no-fail-fast "$@"
 if [ -x ci/stress.sh ]; then
   ./ci/stress.sh --ci
