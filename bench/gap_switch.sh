@@ -53,10 +53,11 @@ print(f"gap_switch variant={sys.argv[2]} p99_ratio={r['p99_ratio']} keeps={r['pr
       f"p99_ms={a['p99_ms']}->{p['p99_ms']} queued_lat_p99_ms={a.get('queued_lat_p99_ms')}->{p.get('queued_lat_p99_ms')} "
       f"tail_outside_ms={a.get('tail_outside_ms')}->{p.get('tail_outside_ms')}", flush=True)
 PY
-    # Whether the driver took the 8 ms: the timeslices tsg_probe read back from the service's groups.
+    # Whether the hook lingered: its first and every 1000th spin, from the service's log.
     case $v in hook | hook_off)
         echo "gap_switch variant=$v service_lingers: $(grep -ho 'linger: [0-9]* spins' "$out/$v"/priority-service-*.log 2>/dev/null | tail -2 | tr '\n' ' ')" ;;
     esac
+    # Whether the driver took the 8 ms: the timeslices tsg_probe read back from the service's groups.
     case $v in long | both)
         echo "gap_switch variant=$v service_groups_read_back: $(grep -ho 'after_us=[0-9]*' "$out/$v"/priority-service-*.log 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')" ;;
     esac

@@ -19,34 +19,22 @@ target/nvidia-headers), then:
 Exits 1 on any mismatch. When PyPI cannot be reached it prints SKIPPED loudly and exits 0.
 usage: ci/check-abi.py [--cuda VERSION] [--nvml VERSION]
 """
-import glob
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import zipfile
+
+import nvidia_wheel  # ci/, next to this script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.path.join(ROOT, "target", "nvidia-headers")
 CUDA_VERSION = "13.0.96"
 NVML_VERSION = "13.0.87"
 
 
 def fetch(pkg, version):
-    """Headers of one wheel, extracted under CACHE/<pkg>-<version>/ (downloaded once)."""
-    dest = os.path.join(CACHE, f"{pkg}-{version}")
-    if not glob.glob(os.path.join(dest, "**", "include"), recursive=True):
-        os.makedirs(dest, exist_ok=True)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", dest, f"{pkg}=={version}"],
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            return None, r.stderr.strip().splitlines()[-1:] or ["pip failed"]
-        for whl in glob.glob(os.path.join(dest, "*.whl")):
-            with zipfile.ZipFile(whl) as z:
-                z.extractall(dest, [n for n in z.namelist() if "/include/" in n])
-    inc = glob.glob(os.path.join(dest, "**", "include"), recursive=True)
-    return (inc[0] if inc else None), None
+    """Headers of one wheel, extracted under target/nvidia-headers/<pkg>-<version>/ (downloaded once)."""
+    return nvidia_wheel.fetch("nvidia-headers", pkg, version, lambda n: "/include/" in n, os.path.join("**", "include"))
 
 
 def preprocess(include, header, defines=()):

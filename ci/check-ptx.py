@@ -15,32 +15,21 @@ import stat
 import subprocess
 import sys
 import tempfile
-import zipfile
+
+import nvidia_wheel  # ci/, next to this script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.path.join(ROOT, "target", "nvidia-ptxas")
 NVCC_VERSION = "13.0.88"
 ARCHS = ("sm_90",)
 
 
 def ptxas():
     """The cached ptxas, downloading its wheel once; (path, None) or (None, why)."""
-    dest = os.path.join(CACHE, f"nvidia-cuda-nvcc-{NVCC_VERSION}")
-    found = glob.glob(os.path.join(dest, "**", "bin", "ptxas"), recursive=True)
-    if not found:
-        os.makedirs(dest, exist_ok=True)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", dest,
-                            f"nvidia-cuda-nvcc=={NVCC_VERSION}"], capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            return None, (r.stderr.strip().splitlines()[-1:] or ["pip failed"])[0]
-        for whl in glob.glob(os.path.join(dest, "*.whl")):
-            with zipfile.ZipFile(whl) as z:
-                z.extractall(dest, [n for n in z.namelist() if n.endswith("/bin/ptxas")])
-        found = glob.glob(os.path.join(dest, "**", "bin", "ptxas"), recursive=True)
-        if not found:
-            return None, "no ptxas in the wheel"
-    os.chmod(found[0], os.stat(found[0]).st_mode | stat.S_IXUSR)
-    return found[0], None
+    exe, why = nvidia_wheel.fetch("nvidia-ptxas", "nvidia-cuda-nvcc", NVCC_VERSION, lambda n: n.endswith("/bin/ptxas"),
+                                  os.path.join("**", "bin", "ptxas"))
+    if exe:
+        os.chmod(exe, os.stat(exe).st_mode | stat.S_IXUSR)
+    return exe, why
 
 
 def samples_ptx():

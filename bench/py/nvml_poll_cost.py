@@ -94,6 +94,13 @@ def calls(n):
         print(f"nvml_poll_cost call={name} median_ms={statistics.median(ms):.3f} max_ms={max(ms):.3f} rounds={n}", flush=True)
 
 
+def metric_of(cmd, metric):
+    """Run CMD once; the number it prints as METRIC= (nan when it prints none)."""
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    m = re.search(rf"\b{metric}=([0-9.]+)", out)
+    return float(m.group(1)) if m else float("nan")
+
+
 def stalls(rounds, cmd):
     """CMD's slow_pairs_per_s beside each NVML call alone, once a PERIOD, and beside none."""
     nv = Nvml()
@@ -113,9 +120,7 @@ def stalls(rounds, cmd):
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             current[0] = name
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout
-            m = re.search(r"\bslow_pairs_per_s=([0-9.]+)", out)
-            got[name].append(float(m.group(1)) if m else float("nan"))
+            got[name].append(metric_of(cmd, "slow_pairs_per_s"))
             print(f"nvml_poll_cost stalls round={r} call={name} slow_pairs_per_s={got[name][-1]}", flush=True)
     stop.set()
     for name in names:
@@ -153,9 +158,7 @@ def main():
     for r in range(rounds):
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
             (on.set if mode == "on" else on.clear)()
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout
-            m = re.search(rf"\b{metric}=([0-9.]+)", out)
-            vals[mode].append(float(m.group(1)) if m else float("nan"))
+            vals[mode].append(metric_of(cmd, metric))
             print(f"nvml_poll_cost round={r} mode={mode} {metric}={vals[mode][-1]}", flush=True)
     stop.set()
     ratios = [a / b for a, b in zip(vals["on"], vals["off"])]
