@@ -11,6 +11,8 @@
  *   --seconds N        time spent serving requests (default 5)
  *   --idle-seconds N   then stay alive this long without launching (default 0)
  *   --print-each       print `req=N lat_us=X` as each request completes
+ *   --ctx-sync         after each request's stream synchronize, also synchronize the context
+ *                      and time it (`ctx_sync_p90_us=`, `ctx_sync_max_us=` at the end)
  *
  * Output: each second `second=K requests=N p50_us=X max_us=Y`; after serving `requests=N
  * lat_p50_us= lat_p90_us= lat_p99_us= lat_max_us=`, then `idle=1` when it stops launching.
@@ -37,7 +39,7 @@ static double pct(double *sorted, int n, double p)
 int main(int argc, char **argv)
 {
     double us = 2000.0, gap_us = 20000.0;
-    int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0;
+    int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
@@ -45,6 +47,7 @@ int main(int argc, char **argv)
         {"--seconds", OPT_INT, &seconds, "time spent serving requests (default 5)"},
         {"--idle-seconds", OPT_INT, &idle_seconds, "then stay alive without launching (default 0)"},
         {"--print-each", OPT_FLAG, &print_each, "print req=N lat_us=X per request"},
+        {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Timed requests: one kernel + synchronize each; report latencies.");
@@ -64,7 +67,8 @@ int main(int argc, char **argv)
 
     int cap = 1 << 16, n = 0, win_start = 0, second = 0;
     double *lat = malloc(sizeof(double) * cap), *tmp = malloc(sizeof(double) * cap);
-    if (!lat || !tmp)
+    double *ctx_us = malloc(sizeof(double) * cap);
+    if (!lat || !tmp || !ctx_us)
         die("out of memory");
     srand48(12345);
     uint64_t t_start = now_ns(), t_win = t_start;
@@ -73,6 +77,11 @@ int main(int argc, char **argv)
         CHECK(launch_spin(&g, &k, cycles, s));
         CHECK(cuStreamSynchronize(s));
         lat[n++] = (double)(now_ns() - t0) / 1000.0;
+        if (ctx_sync) {
+            uint64_t c0 = now_ns();
+            CHECK(cuCtxSynchronize());
+            ctx_us[n - 1] = (double)(now_ns() - c0) / 1000.0;
+        }
         if (print_each)
             out("req=%d lat_us=%.0f\n", n, lat[n - 1]);
         uint64_t t = now_ns();
@@ -92,12 +101,17 @@ int main(int argc, char **argv)
     qsort(lat, n, sizeof(double), cmp_double);
     out("requests=%d lat_p50_us=%.0f lat_p90_us=%.0f lat_p99_us=%.0f lat_max_us=%.0f\n", n, pct(lat, n, 0.5),
         pct(lat, n, 0.9), pct(lat, n, 0.99), n ? lat[n - 1] : 0.0);
+    if (ctx_sync) {
+        qsort(ctx_us, n, sizeof(double), cmp_double);
+        out("ctx_sync_p90_us=%.0f ctx_sync_max_us=%.0f\n", pct(ctx_us, n, 0.9), n ? ctx_us[n - 1] : 0.0);
+    }
     out("idle=1\n");
     uint64_t t_idle = now_ns();
     while (!stop_requested && now_ns() - t_idle < (uint64_t)idle_seconds * 1000000000ull)
         sleep_ns(10000000ull);
     free(lat);
     free(tmp);
+    free(ctx_us);
     CHECK(cuStreamDestroy_v2(s));
     kernels_unload(&k);
     gpu_close(&g);

@@ -159,6 +159,7 @@ pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtx
 }
 
 pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> CUresult {
+    crate::linger::forget(None, Some(dev));
     let r = real(dev);
     if r != CUDA_SUCCESS {
         return r;
@@ -170,6 +171,7 @@ pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCt
 }
 
 pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
+    crate::linger::forget(None, Some(dev));
     let r = real(dev);
     if r != CUDA_SUCCESS {
         return r;
@@ -220,6 +222,8 @@ pub unsafe fn ctx_create_v4(rt: &'static Runtime, real: sig::cuCtxCreate_v4, pct
 }
 
 pub unsafe fn ctx_destroy(rt: &'static Runtime, real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
+    // Our spins end and our objects in it are forgotten first: they go with the context.
+    crate::linger::forget(Some(ctx), None);
     let r = real(ctx);
     if r != CUDA_SUCCESS {
         return r;

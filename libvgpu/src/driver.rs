@@ -235,6 +235,50 @@ pub fn advise_preferred_device(ptr: CUdeviceptr, len: usize, dev: CUdevice) -> b
     r == Some(CUDA_SUCCESS)
 }
 
+/// Load a module from an image in the current context (the real `cuModuleLoadData`).
+pub fn module_load_data(image: &std::ffi::CStr) -> Option<CUmodule> {
+    let mut m: CUmodule = std::ptr::null_mut();
+    let r = call!(cuModuleLoadData(&mut m, image.as_ptr().cast()))?;
+    (r == CUDA_SUCCESS && !m.is_null()).then_some(m)
+}
+
+pub fn module_function(m: CUmodule, name: &std::ffi::CStr) -> Option<CUfunction> {
+    let mut f: CUfunction = std::ptr::null_mut();
+    let r = call!(cuModuleGetFunction(&mut f, m, name.as_ptr()))?;
+    (r == CUDA_SUCCESS && !f.is_null()).then_some(f)
+}
+
+/// An event without timing in the current context.
+pub fn event_create_untimed() -> Option<CUevent> {
+    const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+    let mut e: CUevent = std::ptr::null_mut();
+    let r = call!(cuEventCreate(&mut e, CU_EVENT_DISABLE_TIMING))?;
+    (r == CUDA_SUCCESS).then_some(e)
+}
+
+pub fn stream_wait_event(stream: CUstream, ev: CUevent) -> CUresult {
+    call!(cuStreamWaitEvent(stream, ev, 0)).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// Page-locks and maps host memory for the current context (the real `cuMemHostRegister_v2`,
+/// memory registered already counting as done); its device address.
+pub fn host_register(p: *mut c_void, bytes: usize) -> Option<CUdeviceptr> {
+    const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x02;
+    const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+    match call!(cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_DEVICEMAP))? {
+        CUDA_SUCCESS | CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => {}
+        _ => return None,
+    }
+    let mut d: CUdeviceptr = 0;
+    let r = call!(cuMemHostGetDevicePointer_v2(&mut d, p, 0))?;
+    (r == CUDA_SUCCESS && d != 0).then_some(d)
+}
+
+/// Launch `f` as one thread on `stream` with `params` (the real `cuLaunchKernel`: not gated).
+pub fn launch_one_thread(f: CUfunction, stream: CUstream, params: &mut [*mut c_void]) -> CUresult {
+    call!(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut())).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
 /// Drop the primary-context reference just taken on `dev` (the real `cuDevicePrimaryCtxRelease_v2`).
 pub fn primary_ctx_release(dev: CUdevice) {
     call!(cuDevicePrimaryCtxRelease_v2(dev));

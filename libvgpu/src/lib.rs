@@ -6,7 +6,8 @@
 //! * `driver`: safe wrappers over the slots; `tsg`: this process's channel groups (timeslices).
 //! * `runtime`: per-process state (config, region, slot, devices, ledgers), lazily initialized.
 //! * `node`: the node-level file (this process's entry per GPU, the other containers' priorities).
-//! * `caps` → `launch` → `monitor`: the compute limiter (lead-owned);
+//! * `caps` → `launch` → `monitor`: the compute limiter (lead-owned); `linger`: a higher
+//!   priority's context kept on the GPU after its synchronizes;
 //!   `physmem` → `memory` → `context`, `meminfo`, `nvml`: the policies the hooks point at.
 //! * `lifecycle`: init, the fork step, starting the monitor.
 //! * `hooks`: the shims generated from the list, the `dlsym` override, `cuGetProcAddress`.
@@ -22,6 +23,7 @@ pub mod ffi;
 pub mod guard;
 pub mod hooks;
 mod launch;
+pub mod linger;
 pub mod lifecycle;
 pub mod meminfo;
 pub mod memory;

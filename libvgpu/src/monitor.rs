@@ -98,6 +98,9 @@ fn run(rt: &'static Runtime) {
         }
         let caps = caps(rt, ps);
         crate::node::refresh(rt, ps, &caps, LAUNCHED.load(Relaxed), GATE.load(Relaxed));
+        for dev in 0..ps.devices.len() {
+            crate::linger::set(dev, rt.config.linger_us, crate::node::lower_shares(dev), caps(dev).0);
+        }
         refresh_gate(rt, ps);
         if !when.publish {
             continue;
@@ -135,7 +138,7 @@ fn run(rt: &'static Runtime) {
             }
         }
         if GATE.load(Relaxed) {
-            vgpu_core::debug!("launch gate: {}", crate::launch::COUNTERS.summary());
+            vgpu_core::debug!("launch gate: {} lingers={}", crate::launch::COUNTERS.summary(), crate::linger::QUEUED.load(Relaxed));
         }
         let ext = ps.region.slot_ext(ps.slot);
         let (busy_ns, launches) = policy::totals(&stats);

@@ -200,11 +200,11 @@ hooked {
     Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
 
     // ---- synchronization ----------------------------------------------------------------------
-    Cuda sync fn cuStreamSynchronize(stream: CUstream);
-    Cuda sync fn cuStreamSynchronize_ptsz(stream: CUstream);
-    Cuda sync fn cuCtxSynchronize();
-    Cuda sync fn cuCtxSynchronize_v2(ctx: CUcontext);
-    Cuda sync fn cuEventSynchronize(event: CUevent);
+    Cuda sync(linger::Awaited::Stream(stream, false)) fn cuStreamSynchronize(stream: CUstream);
+    Cuda sync(linger::Awaited::Stream(stream, true)) fn cuStreamSynchronize_ptsz(stream: CUstream);
+    Cuda sync(linger::Awaited::Context(std::ptr::null_mut())) fn cuCtxSynchronize();
+    Cuda sync(linger::Awaited::Context(ctx)) fn cuCtxSynchronize_v2(ctx: CUcontext);
+    Cuda sync(linger::Awaited::Event(event)) fn cuEventSynchronize(event: CUevent);
 
     // ---- NVML (nvidia-smi and monitoring inside the container see the virtual GPU) --------------
     Nvml policy fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) => nvml::memory_info;
@@ -237,6 +237,10 @@ called {
     Cuda call fn cuEventCreate(event: *mut CUevent, flags: c_uint);
     Cuda call fn cuEventRecord(event: CUevent, stream: CUstream);
     Cuda call fn cuEventQuery(event: CUevent);
+    Cuda call fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
+    Cuda call fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint);
+    Cuda call fn cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint);
+    Cuda call fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char);
     Cuda call fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
     Cuda call fn cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation);
     Cuda call fn cuMemAdvise(ptr: CUdeviceptr, count: usize, advice: CUmem_advise, dev: CUdevice);

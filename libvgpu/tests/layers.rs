@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["driver", "tsg"],                         // safe wrappers over the slots; channel groups
     &["runtime"],                               // per-process state: config, region, slot, devices, ledgers
     &["node"],                                  // node-level file: priorities of the containers on a GPU
-    &["caps", "physmem"],                       // gate flags and caps; reservations, VMM, pools, graphs
+    &["caps", "physmem", "linger"],             // gate flags and caps; reservations, VMM, pools, graphs; linger
     &["launch", "memory"],                      // the launch gate; allocations and frees
     &["monitor", "context", "meminfo", "nvml"], // the monitor thread; contexts; virtual meminfo / NVML
     &["lifecycle"],                             // init, fork step, monitor start

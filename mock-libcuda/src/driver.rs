@@ -73,6 +73,35 @@ pub struct Func {
     pub nparams: usize,
 }
 
+/// libvgpu's `vgpu_linger` spin: one thread that runs until `end` unless the word at `word`
+/// (registered host memory) stops holding `gen`. The mock gives it no GPU time and no part of
+/// the device (what it buys on a GPU, the context staying on, is not modelled); it keeps the
+/// order a GPU gives it: it starts after its stream's work, and a context synchronize waits for
+/// it until its word moves.
+#[derive(Clone, Copy)]
+pub struct Linger {
+    pub ctx: u64,
+    pub stream: u64,
+    pub start: u64,
+    pub end: u64,
+    pub word: usize,
+    pub gen: u32,
+}
+
+impl Linger {
+    /// When it ends, as far as is known now: at its start if the word has moved.
+    pub fn ends_at(&self) -> u64 {
+        // SAFETY: `word` lies in host memory registered with this process (checked at launch),
+        // which the program keeps while it can still be read (libvgpu's are static).
+        let now_word = unsafe { std::ptr::read_volatile(self.word as *const u32) };
+        if now_word != self.gen {
+            self.start
+        } else {
+            self.end
+        }
+    }
+}
+
 /// A kernel as a graph node: its size, and its cost per wave.
 #[derive(Clone, Copy)]
 pub struct Node {
@@ -143,6 +172,9 @@ pub struct Proc {
     pub exec_mem: HashMap<u64, crate::graphmem::ExecMem>,
     pub graph_pool: [crate::graphmem::GraphPool; MAX_DEVICES],
     pub graph_ptrs: BTreeMap<u64, u64>,
+    /// Host memory registered (`cuMemHostRegister`): start -> (length, context).
+    pub registered: BTreeMap<usize, (usize, u64)>,
+    pub lingers: Vec<Linger>,
 }
 
 /// The per-process driver state behind its lock. Not a plain `static Mutex`: a child forked while
@@ -269,6 +301,8 @@ impl Proc {
             }
         }
         self.streams.retain(|_, s| s.ctx != c);
+        self.registered.retain(|_, r| r.1 != c);
+        self.lingers.retain(|l| l.ctx != c);
         st.uncharge(ctx.dev, st.header().ctx_mem + ctx.grown);
         st.add_context(ctx.dev, -1);
         STACK.with(|s| s.borrow_mut().retain(|&x| x != c));
@@ -611,10 +645,27 @@ impl Proc {
         Ok(Step::Done)
     }
 
-    /// When all work of context `c` ends.
+    /// When all work of context `c` ends (its spins included, as far as their words tell now).
     pub fn ctx_idle_at(&self, c: u64) -> u64 {
         let own = self.ctxs.get(&c).map_or(0, |x| x.default_stream.last_end);
-        self.streams.values().filter(|s| s.ctx == c).map(|s| s.last_end).fold(own, u64::max)
+        let streams = self.streams.values().filter(|s| s.ctx == c).map(|s| s.last_end).fold(own, u64::max);
+        self.lingers.iter().filter(|l| l.ctx == c).map(Linger::ends_at).fold(streams, u64::max)
+    }
+
+    /// Queue a `vgpu_linger` spin on stream `s`: after the stream's work and any earlier spin
+    /// on it. Its word must lie in registered host memory, as on a GPU (which faults otherwise).
+    pub fn queue_linger(&mut self, s: u64, word: usize, gen: u32, ns: u64) -> R<()> {
+        let registered = self.registered.range(..=word).next_back().is_some_and(|(&p, &(len, _))| word + 4 <= p + len);
+        if !registered {
+            return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+        let now = now_ns();
+        self.lingers.retain(|l| l.ends_at() > now);
+        let (ctx, _) = self.stream_dev(s)?;
+        let earlier = self.lingers.iter().filter(|l| l.stream == s).map(Linger::ends_at).max().unwrap_or(0);
+        let start = self.stream_mut(s)?.last_end.max(now).max(earlier);
+        self.lingers.push(Linger { ctx, stream: s, start, end: start.saturating_add(ns), word, gen });
+        Ok(())
     }
 
     pub fn new_stream(&mut self) -> R<u64> {

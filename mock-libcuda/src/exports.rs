@@ -222,6 +222,9 @@ unsafe fn load_data(module: *mut Handle, image: *const c_void) -> CUresult {
 }
 
 unsafe fn launch(f: Handle, grid: [u32; 3], block: [u32; 3], shmem: u32, stream: Handle, params: *mut *mut c_void, extra: *mut *mut c_void, cooperative: bool) -> CUresult {
+    if with_init(|p, _| Ok(p.funcs.get(&(f as u64)).is_some_and(|x| x.name == "vgpu_linger"))) == Ok(true) {
+        return linger(stream, params);
+    }
     let priced = with_init(|p, st| {
         p.cur()?;
         let n = p.price(st, f as u64, grid, block, shmem, params, extra)?;
@@ -238,6 +241,17 @@ unsafe fn launch(f: Handle, grid: [u32; 3], block: [u32; 3], shmem: u32, stream:
         Ok(n) => run_steps(|p, st| p.submit(st, stream as u64, &[n])),
         Err(e) => e,
     }
+}
+
+/// libvgpu's spin (`driver::Linger`): parameters (word pointer, its number, ns).
+unsafe fn linger(stream: Handle, params: *mut *mut c_void) -> CUresult {
+    if params.is_null() || (0..3).any(|i| (*params.add(i)).is_null()) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let word = (*params as *const u64).read_unaligned() as usize;
+    let gen = (*params.add(1) as *const u32).read_unaligned();
+    let ns = (*params.add(2) as *const u64).read_unaligned();
+    run(|p, _| p.queue_linger(stream as u64, word, gen, ns))
 }
 
 unsafe fn launch_ex(cfg: *const CUlaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
@@ -739,6 +753,35 @@ driver_exports! {
     }
     "cuMemHostAlloc" @ 2020 => fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) {
         host_alloc(pp, size)
+    }
+    "cuMemHostRegister" @ 6050 => fn cuMemHostRegister_v2(ptr: *mut c_void, size: usize, flags: c_uint) {
+        run(|p, _| {
+            if ptr.is_null() || size == 0 || flags > 0xF {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let (c, _) = p.cur()?;
+            let start = ptr as usize;
+            let overlaps = p.registered.range(..start + size).next_back().is_some_and(|(&b, &(len, _))| b + len > start);
+            if overlaps {
+                return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+            }
+            p.registered.insert(start, (size, c));
+            Ok(())
+        })
+    }
+    "cuMemHostGetDevicePointer" @ 3020 => fn cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, ptr: *mut c_void, flags: c_uint) {
+        run(|p, _| {
+            let a = ptr as usize;
+            let mapped = p.host.contains(&a) || p.registered.range(..=a).next_back().is_some_and(|(&b, &(len, _))| a < b + len);
+            if pdptr.is_null() || flags != 0 || !mapped {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            // Unified addressing: the device sees host memory at its host address.
+            out(pdptr, a as CUdeviceptr)
+        })
+    }
+    "cuMemHostUnregister" @ 4000 => fn cuMemHostUnregister(ptr: *mut c_void) {
+        run(|p, _| p.registered.remove(&(ptr as usize)).map(|_| ()).ok_or(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED))
     }
     "cuMemFreeHost" @ 2000 => fn cuMemFreeHost(ptr: *mut c_void) {
         run(|p, _| {

@@ -11,6 +11,8 @@
 //! * `GPU_CORE_UTILIZATION_POLICY` unknown -> `force` (the cap always applies);
 //! * `CUDA_TASK_PRIORITY` malformed -> 1 (the default, HAMi's low priority);
 //! * log level malformed/out of range -> 2; region path empty -> default path;
+//! * `VGPU_PRIORITY_LINGER_US` malformed or over 5000 -> 0 (no linger: the program's own
+//!   behaviour);
 //! * `VGPU_CONTEXT_RESERVE` malformed -> 512 MiB; `CUDA_VISIBLE_DEVICES`: parsing stops at the
 //!   first invalid entry (what the CUDA driver does).
 //!
@@ -25,6 +27,10 @@ pub const DEFAULT_REGION_PATH: &str = "/tmp/cudevshr.cache";
 pub const DEFAULT_CONTEXT_RESERVE: u64 = 512 << 20;
 pub const DEFAULT_LOG_LEVEL: u8 = 2;
 pub const DEFAULT_PRIORITY: i32 = 1;
+/// How long a higher-priority process keeps its context on the GPU after each synchronize
+/// while a lower priority shares the GPU (`policy::linger`).
+pub const DEFAULT_LINGER_US: u32 = 300;
+pub const MAX_LINGER_US: u32 = 5000;
 
 /// One bad env value: the caller prints it as one line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +85,8 @@ pub struct Config {
     pub disable_control: bool,
     pub policy: UtilPolicy,
     pub priority: i32,
+    /// `VGPU_PRIORITY_LINGER_US` (0: off).
+    pub linger_us: u32,
     pub log_level: u8,
     pub region_path: String,
     /// `GPU_DEVICES_UUID` entries (empty when unset).
@@ -99,6 +107,7 @@ impl Default for Config {
             disable_control: false,
             policy: UtilPolicy::Default,
             priority: DEFAULT_PRIORITY,
+            linger_us: DEFAULT_LINGER_US,
             log_level: DEFAULT_LOG_LEVEL,
             region_path: DEFAULT_REGION_PATH.to_string(),
             devices_uuid: Vec::new(),
@@ -270,6 +279,16 @@ impl Config {
             match val.trim().parse::<i32>() {
                 Ok(p) => c.priority = p,
                 Err(_) => r.problem("CUDA_TASK_PRIORITY", &val, "expected an integer; using 1"),
+            }
+        }
+
+        if let Some(val) = r.get("VGPU_PRIORITY_LINGER_US") {
+            match val.trim().parse::<u32>() {
+                Ok(us) if us <= MAX_LINGER_US => c.linger_us = us,
+                _ => {
+                    r.problem("VGPU_PRIORITY_LINGER_US", &val, format!("expected 0..={MAX_LINGER_US} microseconds; no linger"));
+                    c.linger_us = 0;
+                }
             }
         }
 
@@ -551,6 +570,21 @@ mod tests {
         assert_eq!(c.problems.len(), problems);
         let c = cfg(&[("CUDA_MEMORY_OVERSUBSCRIBE", v)]);
         assert_eq!(c.oversubscribe, want);
+    }
+
+    #[rstest]
+    #[case(&[], 300, 0)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", "0")], 0, 0)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", " 1000 ")], 1000, 0)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", "5000")], 5000, 0)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", "5001")], 0, 1)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", "-1")], 0, 1)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", "3ms")], 0, 1)]
+    #[case(&[("VGPU_PRIORITY_LINGER_US", "")], 0, 1)]
+    fn linger(#[case] vars: &[(&str, &str)], #[case] want: u32, #[case] problems: usize) {
+        let c = cfg(vars);
+        assert_eq!(c.linger_us, want);
+        assert_eq!(c.problems.len(), problems);
     }
 
     #[rstest]

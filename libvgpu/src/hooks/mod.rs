@@ -14,7 +14,8 @@
 //!   or its graph; worked out only when the gate is on), so the queue bound values it at what
 //!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
-//! * `sync`: real call, then `launch::after_sync()` and `physmem::after_sync()` (pools).
+//! * `sync(awaited)`: `linger::before_sync(awaited)` (queues or ends a linger: one atomic load
+//!   when there is none), real call, then `launch::after_sync()` and `physmem::after_sync()`.
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
 //! symbol does not exist in the loaded driver.
@@ -100,11 +101,12 @@ macro_rules! shim {
     ($lib:ident launch ($stream:expr) $name:ident [$($arg:ident),*]) => {
         shim!($lib launch (kind = 0; $stream) $name [$($arg),*])
     };
-    ($lib:ident sync () $name:ident [$($arg:ident),*]) => {
+    ($lib:ident sync ($awaited:expr) $name:ident [$($arg:ident),*]) => {
         $crate::guard::ffi_guard(stringify!($name), $crate::real::Lib::$lib.unknown(), move || {
             #[allow(unused_unsafe)]
             unsafe {
                 let f = real_fn!($lib $name);
+                $crate::linger::before_sync($awaited);
                 let r = f($($arg),*);
                 $crate::launch::after_sync();
                 $crate::physmem::after_sync();

@@ -6,6 +6,8 @@
 //! * [`caps`]: the share a device may use now, how soft caps share the spare GPU, the priority
 //!   pause, whether launches are gated.
 //! * [`context`]: what a context is charged, when a primary context is gone, refusing a context.
+//! * [`linger`]: whether a higher-priority process keeps its context on the GPU after a
+//!   synchronize, and for how long.
 //! * [`meminfo`]: the virtual device `cuMemGetInfo`, `cuDeviceTotalMem` and NVML report.
 //! * [`devmap`]: which container device an NVML device is, and which processes NVML may list.
 //! * [`monitor`]: what the monitor thread publishes from the gate's and NVML's readings.
@@ -14,5 +16,6 @@ pub mod array;
 pub mod caps;
 pub mod context;
 pub mod devmap;
+pub mod linger;
 pub mod meminfo;
 pub mod monitor;

@@ -1,0 +1,269 @@
+//! The linger's glue (`vgpu_core::policy::linger` decides when and how long): at a stream or
+//! event synchronize of a process that lingers on the current device, a one-thread spin
+//! (`vgpu_linger`, PTX below) is queued on a stream of our own behind the awaited work, and the
+//! word that ends spins is moved, which ends the one queued before; a context synchronize, or a
+//! context's end, moves every word first (the context synchronize would wait for the spin).
+//!
+//! The words live in static pages of this library, registered with each context that uses one:
+//! ending spins writes only memory that is always ours, without a lock, whatever happened to the
+//! context. Our objects in a context (module, stream, event) are made at its first linger and
+//! forgotten when the program destroys, releases or resets it. The table's lock is only tried on
+//! the synchronize path: a synchronize never waits for it, it skips that linger.
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Mutex, MutexGuard};
+
+use vgpu_core::policy::linger::{next_word, spin_ns};
+use vgpu_core::MAX_DEVICES;
+
+use crate::driver;
+use crate::ffi::*;
+
+/// What a synchronize waits for.
+pub enum Awaited {
+    /// A stream; `true`: from a `_ptsz` entry point, where stream 0 is the thread's own.
+    Stream(CUstream, bool),
+    Event(CUevent),
+    /// A context (null: the current one).
+    Context(CUcontext),
+}
+
+/// Spins while the word at `param_0` holds `param_1` and fewer than `param_2` ns have passed.
+const PTX: &CStr = c".version 6.0
+.target sm_50
+.address_size 64
+
+.visible .entry vgpu_linger(
+    .param .u64 vgpu_linger_param_0,
+    .param .u32 vgpu_linger_param_1,
+    .param .u64 vgpu_linger_param_2
+)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [vgpu_linger_param_0];
+    ld.param.u32 %r1, [vgpu_linger_param_1];
+    ld.param.u64 %rd2, [vgpu_linger_param_2];
+    mov.u64 %rd3, %globaltimer;
+SPIN:
+    ld.volatile.u32 %r2, [%rd1];
+    setp.ne.u32 %p1, %r2, %r1;
+    @%p1 bra DONE;
+    mov.u64 %rd4, %globaltimer;
+    sub.u64 %rd5, %rd4, %rd3;
+    setp.lt.u64 %p2, %rd5, %rd2;
+    @%p2 bra SPIN;
+DONE:
+    ret;
+}
+";
+
+/// Contexts that can linger at once in this process.
+const SLOTS: usize = 16;
+const PAGE: usize = 4096;
+
+/// One page per slot; the first word of each ends that slot's spins.
+#[repr(C, align(4096))]
+struct Page([AtomicU32; PAGE / 4]);
+static WORDS: [Page; SLOTS] = [const { Page([const { AtomicU32::new(0) }; PAGE / 4]) }; SLOTS];
+
+/// Our objects in one context (handles as integers; `func` 0: this context cannot linger).
+#[derive(Clone, Copy)]
+struct Slot {
+    pid: u32,
+    ctx: usize,
+    dev: CUdevice,
+    func: usize,
+    stream: usize,
+    event: usize,
+    /// The slot's word, as the device addresses it.
+    word: u64,
+}
+static TABLE: Mutex<[Option<Slot>; SLOTS]> = Mutex::new([None; SLOTS]);
+
+/// Each device's spin length (ns; 0: no linger), set by the monitor every tick.
+static SPIN_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// A device lingered at some point: synchronizes look further (a spin may still be queued).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The table could not be locked at a context's end: lingering is off for the process.
+static OFF: AtomicBool = AtomicBool::new(false);
+static WARNED: AtomicBool = AtomicBool::new(false);
+/// Spins queued (the monitor's debug line).
+pub(crate) static QUEUED: AtomicU64 = AtomicU64::new(0);
+
+/// The monitor's tick: device `dev` lingers `linger_us` after each synchronize while a lower
+/// priority shares it and no hard cap bounds it.
+pub(crate) fn set(dev: usize, linger_us: u32, lower_shares: bool, hard_cap: Option<u32>) {
+    let ns = if OFF.load(Relaxed) { 0 } else { spin_ns(linger_us, lower_shares, hard_cap) };
+    let Some(slot) = SPIN_NS.get(dev) else { return };
+    let was = slot.swap(ns, Relaxed);
+    if ns != 0 {
+        ACTIVE.store(true, Relaxed);
+    }
+    if (was == 0) != (ns == 0) {
+        match ns {
+            0 => vgpu_core::debug!("device {dev}: no linger after synchronizes"),
+            _ => vgpu_core::debug!("device {dev}: a lower priority shares the GPU; lingering {linger_us} us after each synchronize"),
+        }
+    }
+}
+
+/// Before a synchronize's real call.
+#[inline]
+pub fn before_sync(awaited: Awaited) {
+    if ACTIVE.load(Relaxed) {
+        lingering(awaited);
+    }
+}
+
+#[inline(never)]
+fn lingering(awaited: Awaited) {
+    match awaited {
+        Awaited::Context(_) => end_all(),
+        Awaited::Stream(s, ptsz) => queue(Some((s, ptsz)), None),
+        Awaited::Event(e) => queue(None, Some(e)),
+    }
+}
+
+/// Move every word: each queued spin ends (at once, or as soon as it starts).
+pub(crate) fn end_all() {
+    for p in &WORDS {
+        let w = p.0[0].load(Relaxed);
+        if w != 0 {
+            p.0[0].store(next_word(w), Release);
+        }
+    }
+}
+
+/// A context goes away (`ctx`), or a device's primary context may (`dev`): end every spin, and
+/// forget our objects in it, which go with it. Called before the real call.
+pub(crate) fn forget(ctx: Option<CUcontext>, dev: Option<CUdevice>) {
+    if !ACTIVE.load(Relaxed) {
+        return;
+    }
+    end_all();
+    let Some(mut table) = lock_briefly() else {
+        // A lock held across a fork, or a thread stuck inside: an entry could outlive its context.
+        OFF.store(true, Relaxed);
+        SPIN_NS.iter().for_each(|s| s.store(0, Relaxed));
+        vgpu_core::warn!("linger: cannot update its table; no linger from now on in this process");
+        return;
+    };
+    for e in table.iter_mut() {
+        if e.is_some_and(|s| ctx.is_some_and(|c| c as usize == s.ctx) || dev == Some(s.dev)) {
+            *e = None;
+        }
+    }
+}
+
+/// The table, waiting at most about a millisecond (its holders do a few driver calls).
+fn lock_briefly() -> Option<MutexGuard<'static, [Option<Slot>; SLOTS]>> {
+    for _ in 0..1000 {
+        match TABLE.try_lock() {
+            Ok(t) => return Some(t),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(1)),
+        }
+    }
+    None
+}
+
+/// Queue a spin behind the awaited stream's work or event, on the current context's slot.
+fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
+    if OFF.load(Relaxed) {
+        return;
+    }
+    let Some(rt) = crate::runtime::get() else { return };
+    let Some(ps) = rt.proc_if_ready() else { return };
+    let ctx = driver::current_context();
+    if ctx == 0 {
+        return;
+    }
+    let Some(ordinal) = driver::current_device() else { return };
+    let Some(dev) = ps.dev_index(ordinal) else { return };
+    let ns = SPIN_NS.get(dev).map_or(0, |s| s.load(Relaxed));
+    if ns == 0 {
+        return;
+    }
+    let stream = match stream {
+        Some((s, ptsz)) => {
+            const CU_STREAM_PER_THREAD: usize = 0x2;
+            let s = if ptsz && s.is_null() { CU_STREAM_PER_THREAD as CUstream } else { s };
+            // A stream of another context, or one being captured (the synchronize fails there,
+            // and our record would become part of the graph): no linger.
+            if (s as usize > CU_STREAM_PER_THREAD && driver::stream_context(s) != Some(ctx as CUcontext)) || driver::stream_capturing(s) {
+                return;
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    // Another thread of ours is queueing one: this synchronize does not wait for it.
+    let Ok(mut table) = TABLE.try_lock() else { return };
+    let pid = std::process::id();
+    let i = match table.iter().position(|e| e.is_some_and(|s| s.pid == pid && s.ctx == ctx as usize)) {
+        Some(i) => i,
+        None => {
+            // A free slot, or one a forked child inherited from its parent.
+            let Some(i) = table.iter().position(|e| e.is_none_or(|s| s.pid != pid)) else { return };
+            table[i] = Some(driver::with_relaxed_capture(|| make(i, ctx, ordinal)));
+            i
+        }
+    };
+    let Some(slot) = table[i] else { return };
+    if slot.func == 0 {
+        return;
+    }
+    driver::with_relaxed_capture(|| {
+        let waited = match (stream, event) {
+            (Some(s), _) => match driver::event_record(slot.event as CUevent, s) {
+                CUDA_SUCCESS => driver::stream_wait_event(slot.stream as CUstream, slot.event as CUevent),
+                r => r,
+            },
+            (None, Some(e)) => driver::stream_wait_event(slot.stream as CUstream, e),
+            (None, None) => return,
+        };
+        if waited != CUDA_SUCCESS {
+            return;
+        }
+        // The new spin spins while the word holds `gen`; moving the word to it ends the last one,
+        // now that the next request's work (launched before this synchronize) is queued.
+        let word = &WORDS[i].0[0];
+        let mut gen = next_word(word.load(Relaxed));
+        word.store(gen, Release);
+        let mut ptr = slot.word;
+        let mut len = ns;
+        let mut params = [(&raw mut ptr).cast::<c_void>(), (&raw mut gen).cast(), (&raw mut len).cast()];
+        if driver::launch_one_thread(slot.func as CUfunction, slot.stream as CUstream, &mut params) == CUDA_SUCCESS {
+            let n = QUEUED.fetch_add(1, Relaxed) + 1;
+            if n == 1 || n.is_multiple_of(1000) {
+                vgpu_core::info!("linger: {n} spins of {} us queued", ns / 1000);
+            }
+        }
+    });
+}
+
+/// Our objects in the current context `ctx`, on slot `i`; a slot with `func` 0 when one cannot
+/// be made (said once per process: the program runs as without the linger).
+fn make(i: usize, ctx: u64, dev: CUdevice) -> Slot {
+    let mut slot = Slot { pid: std::process::id(), ctx: ctx as usize, dev, func: 0, stream: 0, event: 0, word: 0 };
+    let made = (|| -> Result<_, &str> {
+        let m = driver::module_load_data(PTX).ok_or("cannot load its kernel")?;
+        let f = driver::module_function(m, c"vgpu_linger").ok_or("no kernel in its module")?;
+        let s = driver::stream_create_nonblocking().ok_or("cannot create its stream")?;
+        let e = driver::event_create_untimed().ok_or("cannot create its event")?;
+        let w = driver::host_register(WORDS[i].0.as_ptr() as *mut c_void, PAGE).ok_or("cannot map its word")?;
+        Ok((f, s, e, w))
+    })();
+    match made {
+        Ok((f, s, e, w)) => (slot.func, slot.stream, slot.event, slot.word) = (f as usize, s as usize, e as usize, w),
+        Err(why) => {
+            if !WARNED.swap(true, Relaxed) {
+                vgpu_core::warn!("linger: {why}; this context does not linger");
+            }
+        }
+    }
+    slot
+}
