@@ -417,6 +417,7 @@ fn launch_device(ps: &ProcState) -> Option<usize> {
 #[inline(never)]
 fn gated_before(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
     note_launch();
+    crate::linger::note_launch();
     let Some((rt, ps)) = state() else { return LaunchTicket::default() };
     let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
     crate::node::launched_on(dev, vgpu_core::clock::fast_now_ns());

@@ -90,6 +90,10 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The table could not be locked at a context's end: lingering is off for the process.
 static OFF: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
+/// Work was launched since the last spin (set on the gated launch path, which a lingering
+/// process is on): a synchronize with nothing new behind it does not linger, or a loop of
+/// synchronizes would hold the GPU on spins alone.
+static FRESH: AtomicBool = AtomicBool::new(false);
 /// Spins queued (the monitor's debug line).
 pub(crate) static QUEUED: AtomicU64 = AtomicU64::new(0);
 
@@ -107,6 +111,14 @@ pub(crate) fn set(dev: usize, linger_us: u32, lower_shares: bool, hard_cap: Opti
             0 => vgpu_core::debug!("device {dev}: no linger after synchronizes"),
             _ => vgpu_core::debug!("device {dev}: a lower priority shares the GPU; lingering {linger_us} us after each synchronize"),
         }
+    }
+}
+
+/// A gated launch.
+#[inline]
+pub(crate) fn note_launch() {
+    if !FRESH.load(Relaxed) {
+        FRESH.store(true, Relaxed);
     }
 }
 
@@ -184,7 +196,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
     let Some(ordinal) = driver::current_device() else { return };
     let Some(dev) = ps.dev_index(ordinal) else { return };
     let ns = SPIN_NS.get(dev).map_or(0, |s| s.load(Relaxed));
-    if ns == 0 {
+    if ns == 0 || !FRESH.load(Relaxed) {
         return;
     }
     let stream = match stream {
@@ -228,6 +240,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
         if waited != CUDA_SUCCESS {
             return;
         }
+        FRESH.store(false, Relaxed);
         // The new spin spins while the word holds `gen`; moving the word to it ends the last one,
         // now that the next request's work (launched before this synchronize) is queued.
         let word = &WORDS[i].0[0];
