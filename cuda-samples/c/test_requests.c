@@ -12,6 +12,7 @@
  *   --idle-seconds N   then stay alive this long without launching (default 0)
  *   --print-each       print `req=N lat_us=X` as each request completes
  *   --extra-syncs N    after each request, synchronize its stream N more times (nothing new queued)
+ *   --ctx-only         wait for each request by synchronizing the context, not the stream
  *   --ctx-sync         after each request's stream synchronize, also synchronize the context
  *                      and time it (`ctx_sync_p90_us=`, `ctx_sync_max_us=` at the end)
  *
@@ -40,7 +41,7 @@ static double pct(double *sorted, int n, double p)
 int main(int argc, char **argv)
 {
     double us = 2000.0, gap_us = 20000.0;
-    int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0;
+    int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0, ctx_only = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
@@ -48,6 +49,7 @@ int main(int argc, char **argv)
         {"--seconds", OPT_INT, &seconds, "time spent serving requests (default 5)"},
         {"--idle-seconds", OPT_INT, &idle_seconds, "then stay alive without launching (default 0)"},
         {"--print-each", OPT_FLAG, &print_each, "print req=N lat_us=X per request"},
+        {"--ctx-only", OPT_FLAG, &ctx_only, "wait for each request by context synchronize"},
         {"--extra-syncs", OPT_INT, &extra_syncs, "synchronize each request's stream N more times"},
         {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {NULL, OPT_FLAG, NULL, NULL},
@@ -77,7 +79,7 @@ int main(int argc, char **argv)
     while (!stop_requested && now_ns() - t_start < (uint64_t)seconds * 1000000000ull && n < cap) {
         uint64_t t0 = now_ns();
         CHECK(launch_spin(&g, &k, cycles, s));
-        CHECK(cuStreamSynchronize(s));
+        CHECK(ctx_only ? cuCtxSynchronize() : cuStreamSynchronize(s));
         lat[n++] = (double)(now_ns() - t0) / 1000.0;
         for (int i = 0; i < extra_syncs; i++)
             CHECK(cuStreamSynchronize(s));

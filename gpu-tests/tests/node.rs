@@ -585,13 +585,12 @@ fn lingers(stderr: &str) -> u64 {
     stderr.lines().rev().find_map(|l| l.split_whitespace().find_map(|kv| kv.strip_prefix("lingers="))).map_or(0, |v| v.parse().unwrap())
 }
 
-/// A `test_requests --ctx-sync --extra-syncs 3` service at priority 0 (5 ms lingers, debug log):
-/// its stdout and stderr.
-fn lingering_service(s: &Scratch, env: &[(&str, &str)]) -> (String, String) {
+/// A `test_requests` service at priority 0 (5 ms lingers, debug log): its stdout and stderr.
+fn lingering_service(s: &Scratch, env: &[(&str, &str)], args: &[&str]) -> (String, String) {
     let mut env = env.to_vec();
     env.extend([("VGPU_PRIORITY_LINGER_US", "5000"), ("LIBCUDA_LOG_LEVEL", "4")]);
     let mut c = container(s, "hi", "test_requests", 0, &env);
-    c.args(["--us", "500", "--gap-us", "20000", "--seconds", "3", "--ctx-sync", "--extra-syncs", "3"]);
+    c.args(["--us", "500", "--gap-us", "20000", "--seconds", "3"]).args(args);
     let out = c.output().unwrap();
     let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "the service failed: {}\n{o}\n{e}", out.status);
@@ -601,16 +600,18 @@ fn lingering_service(s: &Scratch, env: &[(&str, &str)]) -> (String, String) {
 /// Issue 14's linger: beside a lower priority, a priority-0 service queues a spin after each
 /// stream synchronize (one thread on a stream of the hook's own, ended by a word it moves), and a
 /// context synchronize does not wait for it: the hook moves the word first. A synchronize with no
-/// launch since the last spin queues none. Alone, or under a hard cap, it queues none.
+/// launch since the last spin queues none; a context synchronize queues its spin once it returns.
+/// Alone, or under a hard cap, it queues none.
 #[test]
 #[serial(mock_gpu_timing)]
 fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_not_wait() {
     let s = Scratch::new("node-linger");
-    let (_, alone) = lingering_service(&s, &[]);
+    let stream_waits: &[&str] = &["--ctx-sync", "--extra-syncs", "3"];
+    let (_, alone) = lingering_service(&s, &[], stream_waits);
     assert_eq!(lingers(&alone), 0, "alone on the GPU, the service lingered\n{alone}");
     let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
     low.wait_line("second=1 ", Duration::from_secs(10));
-    let (out, err) = lingering_service(&s, &[]);
+    let (out, err) = lingering_service(&s, &[], stream_waits);
     let n = lingers(&err);
     let p90 = field(&out, "ctx_sync_p90_us");
     eprintln!("beside a lower priority: {n} lingers; context synchronize p90 {p90:.0} us (a linger runs 5000 us)");
@@ -619,7 +620,11 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     // Each request's three more synchronizes have nothing new to wait for: no spin each.
     assert!(n <= requests + 5, "the service lingered {n} times in {requests} requests (its extra synchronizes lingered)\n{err}");
     assert!(p90 < 2500.0, "a context synchronize waited {p90:.0} us (p90) for the service's 5 ms lingers\n{out}");
-    let (_, capped) = lingering_service(&s, &[("CUDA_DEVICE_SM_LIMIT", "90")]);
+    // A service that waits by context synchronize: its spin is queued once the wait returns.
+    let (out, err) = lingering_service(&s, &[], &["--ctx-only"]);
+    let (n, requests) = (lingers(&err), field(&out, "requests") as u64);
+    assert!(n >= 20 && n <= requests + 5, "a context-synchronizing service lingered {n} times in {requests} requests\n{err}");
+    let (_, capped) = lingering_service(&s, &[("CUDA_DEVICE_SM_LIMIT", "90")], stream_waits);
     assert_eq!(lingers(&capped), 0, "under a hard cap the service lingered\n{capped}");
     assert!(low.alive(), "the low-priority container died\n{}", low.text());
     low.stop();

@@ -2,7 +2,8 @@
 //! event synchronize of a process that lingers on the current device, a one-thread spin
 //! (`vgpu_linger`, PTX below) is queued on a stream of our own behind the awaited work, and the
 //! word that ends spins is moved, which ends the one queued before; a context synchronize, or a
-//! context's end, moves every word first (the context synchronize would wait for the spin).
+//! context's end, moves every word first (the context synchronize would wait for the spin), and
+//! a context synchronize queues its spin once it returns.
 //!
 //! The words live in static pages of this library, registered with each context that uses one:
 //! ending spins writes only memory that is always ours, without a lock, whatever happened to the
@@ -124,15 +125,26 @@ pub(crate) fn note_launch() {
 
 /// Before a synchronize's real call.
 #[inline]
-pub fn before_sync(awaited: Awaited) {
+pub fn before_sync(awaited: &Awaited) {
     if ACTIVE.load(Relaxed) {
         lingering(awaited);
     }
 }
 
+/// After a synchronize's real call: a context synchronize that waited for new work queues its
+/// spin now (it had to end every spin before waiting). The context's work is done, so the spin
+/// runs at once: it, not the next request, meets the switch back if the GPU turned to a lower
+/// priority's work in the few microseconds between.
+#[inline]
+pub fn after_sync(awaited: &Awaited, result: CUresult) {
+    if ACTIVE.load(Relaxed) && result == CUDA_SUCCESS && matches!(awaited, Awaited::Context(_)) {
+        queue(None, None);
+    }
+}
+
 #[inline(never)]
-fn lingering(awaited: Awaited) {
-    match awaited {
+fn lingering(awaited: &Awaited) {
+    match *awaited {
         Awaited::Context(_) => end_all(),
         Awaited::Stream(s, ptsz) => queue(Some((s, ptsz)), None),
         Awaited::Event(e) => queue(None, Some(e)),
@@ -182,9 +194,10 @@ fn lock_briefly() -> Option<MutexGuard<'static, [Option<Slot>; SLOTS]>> {
     None
 }
 
-/// Queue a spin behind the awaited stream's work or event, on the current context's slot.
+/// Queue a spin behind the awaited stream's work or event (neither: at once), on the current
+/// context's slot.
 fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
-    if OFF.load(Relaxed) {
+    if OFF.load(Relaxed) || !FRESH.load(Relaxed) {
         return;
     }
     let Some(rt) = crate::runtime::get() else { return };
@@ -196,7 +209,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
     let Some(ordinal) = driver::current_device() else { return };
     let Some(dev) = ps.dev_index(ordinal) else { return };
     let ns = SPIN_NS.get(dev).map_or(0, |s| s.load(Relaxed));
-    if ns == 0 || !FRESH.load(Relaxed) {
+    if ns == 0 {
         return;
     }
     let stream = match stream {
@@ -235,7 +248,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
                 r => r,
             },
             (None, Some(e)) => driver::stream_wait_event(slot.stream as CUstream, e),
-            (None, None) => return,
+            (None, None) => CUDA_SUCCESS,
         };
         if waited != CUDA_SUCCESS {
             return;

@@ -14,8 +14,9 @@
 //!   or its graph; worked out only when the gate is on), so the queue bound values it at what
 //!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
-//! * `sync(awaited)`: `linger::before_sync(awaited)` (queues or ends a linger: one atomic load
-//!   when there is none), real call, then `launch::after_sync()` and `physmem::after_sync()`.
+//! * `sync(awaited)`: `linger::before_sync` (queues or ends a linger: one atomic load when there
+//!   is none), real call, `linger::after_sync`, then `launch::after_sync()` and
+//!   `physmem::after_sync()`.
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
 //! symbol does not exist in the loaded driver.
@@ -106,8 +107,10 @@ macro_rules! shim {
             #[allow(unused_unsafe)]
             unsafe {
                 let f = real_fn!($lib $name);
-                $crate::linger::before_sync($awaited);
+                let awaited = $awaited;
+                $crate::linger::before_sync(&awaited);
                 let r = f($($arg),*);
+                $crate::linger::after_sync(&awaited, r);
                 $crate::launch::after_sync();
                 $crate::physmem::after_sync();
                 r
