@@ -124,6 +124,7 @@ fn context_gone(ps: &ProcState, dev: usize, ctx: u64, bytes: u64) {
 fn release_primary(ps: &ProcState, dev: usize, reset: bool) {
     let released = ps.contexts().primary_released(dev, reset);
     if let Some((bytes, ctx)) = released {
+        crate::linger::forget(ctx as CUcontext);
         context_gone(ps, dev, ctx as u64, bytes);
         crate::physmem::settle_device(ps, dev);
     }
@@ -159,7 +160,7 @@ pub unsafe fn primary_retain(rt: &'static Runtime, real: sig::cuDevicePrimaryCtx
 }
 
 pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> CUresult {
-    crate::linger::forget(None, Some(dev));
+    crate::linger::end_spins();
     let r = real(dev);
     if r != CUDA_SUCCESS {
         return r;
@@ -171,7 +172,7 @@ pub unsafe fn primary_release(rt: &'static Runtime, real: sig::cuDevicePrimaryCt
 }
 
 pub unsafe fn primary_reset(rt: &'static Runtime, real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
-    crate::linger::forget(None, Some(dev));
+    crate::linger::end_spins();
     let r = real(dev);
     if r != CUDA_SUCCESS {
         return r;
@@ -223,7 +224,7 @@ pub unsafe fn ctx_create_v4(rt: &'static Runtime, real: sig::cuCtxCreate_v4, pct
 
 pub unsafe fn ctx_destroy(rt: &'static Runtime, real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
     // Our spins end and our objects in it are forgotten first: they go with the context.
-    crate::linger::forget(Some(ctx), None);
+    crate::linger::forget(ctx);
     let r = real(ctx);
     if r != CUDA_SUCCESS {
         return r;
@@ -260,6 +261,9 @@ pub unsafe fn green_create(rt: &'static Runtime, real: sig::cuGreenCtxCreate, pc
 pub unsafe fn green_destroy(rt: &'static Runtime, real: sig::cuGreenCtxDestroy, green: CUgreenCtx) -> CUresult {
     // Its allocations were made in its context (cuCtxFromGreenCtx), known only while it lives.
     let ctx = driver::green_ctx_context(green).map_or(0, |c| c as u64);
+    if ctx != 0 {
+        crate::linger::forget(ctx as CUcontext);
+    }
     let r = real(green);
     if r != CUDA_SUCCESS {
         return r;
@@ -318,6 +322,8 @@ pub unsafe fn module_load_fat_binary(rt: &'static Runtime, real: sig::cuModuleLo
 }
 
 pub unsafe fn module_unload(rt: &'static Runtime, real: sig::cuModuleUnload, module: CUmodule) -> CUresult {
+    // It waits for the context's work: not for a spin.
+    crate::linger::end_spins();
     let r = real(module);
     if r != CUDA_SUCCESS {
         return r;

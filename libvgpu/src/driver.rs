@@ -169,6 +169,13 @@ pub fn context_device(ctx: CUcontext) -> Option<CUdevice> {
 }
 
 /// Whether `stream` is capturing into a graph (work on it becomes graph nodes).
+/// The stream is known not to be capturing (an error, as on the legacy stream while another
+/// stream captures, counts as capturing).
+pub fn stream_not_capturing(stream: CUstream) -> bool {
+    let mut st: c_int = 1;
+    call!(cuStreamIsCapturing(stream, &mut st)) == Some(CUDA_SUCCESS) && st == 0
+}
+
 pub fn stream_capturing(stream: CUstream) -> bool {
     let mut st: c_int = 0;
     call!(cuStreamIsCapturing(stream, &mut st)) == Some(CUDA_SUCCESS) && st != 0
@@ -260,14 +267,13 @@ pub fn stream_wait_event(stream: CUstream, ev: CUevent) -> CUresult {
     call!(cuStreamWaitEvent(stream, ev, 0)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
-/// Page-locks and maps host memory for the current context (the real `cuMemHostRegister_v2`,
-/// memory registered already counting as done); its device address.
+/// Page-locks and maps host memory for the current context (the real `cuMemHostRegister_v2`);
+/// its device address.
 pub fn host_register(p: *mut c_void, bytes: usize) -> Option<CUdeviceptr> {
     const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x02;
-    const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
-    match call!(cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_DEVICEMAP))? {
-        CUDA_SUCCESS | CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => {}
-        _ => return None,
+    // Registered already: by a context still alive, whose mapping this one may not share.
+    if call!(cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_DEVICEMAP))? != CUDA_SUCCESS {
+        return None;
     }
     let mut d: CUdeviceptr = 0;
     let r = call!(cuMemHostGetDevicePointer_v2(&mut d, p, 0))?;

@@ -8,8 +8,10 @@
 //! The words live in static pages of this library, registered with each context that uses one:
 //! ending spins writes only memory that is always ours, without a lock, whatever happened to the
 //! context. Our objects in a context (module, stream, event) are made at its first linger and
-//! forgotten when the program destroys, releases or resets it. The table's lock is only tried on
-//! the synchronize path: a synchronize never waits for it, it skips that linger.
+//! forgotten when the program destroys it or its last release or reset ends it. Calls that wait
+//! for all of a context's work (frees, module unloads, releases) end every spin first. The
+//! table's lock is only tried on the synchronize path: a synchronize never waits for it, it skips
+//! that linger.
 
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -61,6 +63,8 @@ DONE:
 }
 ";
 
+const CUDA_ERROR_NOT_READY: CUresult = 600;
+
 /// Contexts that can linger at once in this process.
 const SLOTS: usize = 16;
 const PAGE: usize = 4096;
@@ -75,7 +79,6 @@ static WORDS: [Page; SLOTS] = [const { Page([const { AtomicU32::new(0) }; PAGE /
 struct Slot {
     pid: u32,
     ctx: usize,
-    dev: CUdevice,
     func: usize,
     stream: usize,
     event: usize,
@@ -95,6 +98,8 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 /// process is on): a synchronize with nothing new behind it does not linger, or a loop of
 /// synchronizes would hold the GPU on spins alone.
 static FRESH: AtomicBool = AtomicBool::new(false);
+/// Context synchronizes in progress (between their move and their return).
+static SYNCING: AtomicU32 = AtomicU32::new(0);
 /// Spins queued (the monitor's debug line).
 pub(crate) static QUEUED: AtomicU64 = AtomicU64::new(0);
 
@@ -127,7 +132,16 @@ pub(crate) fn note_launch() {
 #[inline]
 pub fn before_sync(awaited: &Awaited) {
     if ACTIVE.load(Relaxed) {
-        lingering(awaited);
+        guarded(|| match *awaited {
+            Awaited::Context(_) => {
+                // Counted until it returns: a spin queued meanwhile by another thread is ended
+                // by its own queue (`queue`), since this one's move may have come before it.
+                SYNCING.fetch_add(1, SeqCst);
+                end_all();
+            }
+            Awaited::Stream(s, ptsz) => queue(Some((s, ptsz)), None),
+            Awaited::Event(e) => queue(None, Some(e)),
+        });
     }
 }
 
@@ -137,34 +151,43 @@ pub fn before_sync(awaited: &Awaited) {
 /// priority's work in the few microseconds between.
 #[inline]
 pub fn after_sync(awaited: &Awaited, result: CUresult) {
-    if ACTIVE.load(Relaxed) && result == CUDA_SUCCESS && matches!(awaited, Awaited::Context(_)) {
-        queue(None, None);
+    let Awaited::Context(ctx) = *awaited else { return };
+    if ACTIVE.load(Relaxed) {
+        guarded(|| {
+            SYNCING.fetch_sub(1, SeqCst);
+            // Its spin goes to the context it synchronized, when that is the current one.
+            if result == CUDA_SUCCESS && (ctx.is_null() || ctx as u64 == driver::current_context()) {
+                queue(None, None);
+            }
+        });
     }
 }
 
-#[inline(never)]
-fn lingering(awaited: &Awaited) {
-    match *awaited {
-        Awaited::Context(_) => end_all(),
-        Awaited::Stream(s, ptsz) => queue(Some((s, ptsz)), None),
-        Awaited::Event(e) => queue(None, Some(e)),
-    }
+/// The linger never fails a synchronize: a panic in it is caught here and the call goes on.
+fn guarded(f: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
 }
 
 /// Move every word: each queued spin ends (at once, or as soon as it starts).
-pub(crate) fn end_all() {
+fn end_all() {
     for p in &WORDS {
-        let w = p.0[0].load(Relaxed);
-        if w != 0 {
-            p.0[0].store(next_word(w), Release);
-        }
+        let _ = p.0[0].fetch_update(SeqCst, SeqCst, |w| (w != 0).then(|| next_word(w)));
     }
 }
 
-/// A context goes away (`ctx`), or a device's primary context may (`dev`): end every spin, and
-/// forget our objects in it, which go with it. Called before the real call.
-pub(crate) fn forget(ctx: Option<CUcontext>, dev: Option<CUdevice>) {
-    if !ACTIVE.load(Relaxed) {
+/// Before a call that waits for all of the context's work (a free, a module unload, a primary
+/// context's release or reset): end every spin so that it does not wait for one.
+#[inline]
+pub(crate) fn end_spins() {
+    if ACTIVE.load(Relaxed) {
+        end_all();
+    }
+}
+
+/// Context `ctx` is destroyed (before the real call) or gone (a primary context's last release
+/// or reset): end every spin and forget our objects in it, which go with it.
+pub(crate) fn forget(ctx: CUcontext) {
+    if !ACTIVE.load(Relaxed) || OFF.load(Relaxed) {
         return;
     }
     end_all();
@@ -176,19 +199,21 @@ pub(crate) fn forget(ctx: Option<CUcontext>, dev: Option<CUdevice>) {
         return;
     };
     for e in table.iter_mut() {
-        if e.is_some_and(|s| ctx.is_some_and(|c| c as usize == s.ctx) || dev == Some(s.dev)) {
+        if e.is_some_and(|s| s.ctx == ctx as usize) {
             *e = None;
         }
     }
+    // A spin queued between the first move and the lock.
+    end_all();
 }
 
-/// The table, waiting at most about a millisecond (its holders do a few driver calls).
+/// The table, trying a bounded number of times (its holders do a few driver calls).
 fn lock_briefly() -> Option<MutexGuard<'static, [Option<Slot>; SLOTS]>> {
-    for _ in 0..1000 {
+    for _ in 0..100_000 {
         match TABLE.try_lock() {
             Ok(t) => return Some(t),
             Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(1)),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
         }
     }
     None
@@ -218,13 +243,17 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
             let s = if ptsz && s.is_null() { CU_STREAM_PER_THREAD as CUstream } else { s };
             // A stream of another context, or one being captured (the synchronize fails there,
             // and our record would become part of the graph): no linger.
-            if (s as usize > CU_STREAM_PER_THREAD && driver::stream_context(s) != Some(ctx as CUcontext)) || driver::stream_capturing(s) {
+            if (s as usize > CU_STREAM_PER_THREAD && driver::stream_context(s) != Some(ctx as CUcontext)) || !driver::stream_not_capturing(s) {
                 return;
             }
             Some(s)
         }
         None => None,
     };
+    // An event recorded in a capture: waiting on it would join our stream to the capture.
+    if event.is_some_and(|e| !matches!(driver::event_query(e), CUDA_SUCCESS | CUDA_ERROR_NOT_READY)) {
+        return;
+    }
     // Another thread of ours is queueing one: this synchronize does not wait for it.
     let Ok(mut table) = TABLE.try_lock() else { return };
     let pid = std::process::id();
@@ -233,7 +262,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
         None => {
             // A free slot, or one a forked child inherited from its parent.
             let Some(i) = table.iter().position(|e| e.is_none_or(|s| s.pid != pid)) else { return };
-            table[i] = Some(driver::with_relaxed_capture(|| make(i, ctx, ordinal)));
+            table[i] = Some(driver::with_relaxed_capture(|| make(i, ctx)));
             i
         }
     };
@@ -257,12 +286,16 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
         // The new spin spins while the word holds `gen`; moving the word to it ends the last one,
         // now that the next request's work (launched before this synchronize) is queued.
         let word = &WORDS[i].0[0];
-        let mut gen = next_word(word.load(Relaxed));
-        word.store(gen, Release);
+        let Ok(prev) = word.fetch_update(SeqCst, SeqCst, |w| Some(next_word(w))) else { return };
+        let mut gen = next_word(prev);
         let mut ptr = slot.word;
         let mut len = ns;
         let mut params = [(&raw mut ptr).cast::<c_void>(), (&raw mut gen).cast(), (&raw mut len).cast()];
         if driver::launch_one_thread(slot.func as CUfunction, slot.stream as CUstream, &mut params) == CUDA_SUCCESS {
+            // A context synchronize began meanwhile: its move may have come before ours.
+            if SYNCING.load(SeqCst) > 0 {
+                let _ = word.fetch_update(SeqCst, SeqCst, |w| Some(next_word(w)));
+            }
             let n = QUEUED.fetch_add(1, Relaxed) + 1;
             if n == 1 || n.is_multiple_of(1000) {
                 vgpu_core::info!("linger: {n} spins of {} us queued", ns / 1000);
@@ -272,9 +305,10 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
 }
 
 /// Our objects in the current context `ctx`, on slot `i`; a slot with `func` 0 when one cannot
-/// be made (said once per process: the program runs as without the linger).
-fn make(i: usize, ctx: u64, dev: CUdevice) -> Slot {
-    let mut slot = Slot { pid: std::process::id(), ctx: ctx as usize, dev, func: 0, stream: 0, event: 0, word: 0 };
+/// be made (said once per process: the program runs as without the linger; what was made of
+/// them stays in the context). The first one loads the kernel (the driver compiles the PTX).
+fn make(i: usize, ctx: u64) -> Slot {
+    let mut slot = Slot { pid: std::process::id(), ctx: ctx as usize, func: 0, stream: 0, event: 0, word: 0 };
     let made = (|| -> Result<_, &str> {
         let m = driver::module_load_data(PTX).ok_or("cannot load its kernel")?;
         let f = driver::module_function(m, c"vgpu_linger").ok_or("no kernel in its module")?;

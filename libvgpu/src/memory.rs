@@ -219,11 +219,14 @@ fn settle_pitch(ps: &ProcState, dev: usize, est: u64, real_bytes: u64, key: u64,
 }
 
 pub unsafe fn mem_free(rt: &'static Runtime, real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
+    // A free waits for the context's work: not for a spin.
+    crate::linger::end_spins();
     let Some(ps) = rt.proc_if_ready() else { return real(dptr) };
     freed(ps, ptrs, dptr, || real(dptr))
 }
 
 pub unsafe fn mem_free_v1(rt: &'static Runtime, real: sig::cuMemFree, dptr: CUdeviceptr_v1) -> CUresult {
+    crate::linger::end_spins();
     let Some(ps) = rt.proc_if_ready() else { return real(dptr) };
     freed(ps, ptrs, dptr as u64, || real(dptr))
 }

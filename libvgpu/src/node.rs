@@ -82,12 +82,12 @@ pub(crate) fn on_node(dev: usize) -> bool {
     dev_node(dev).is_some()
 }
 
-/// Some device needs the gate for node reasons (a container of another priority is there).
 /// A lower-priority container shares device `dev` (as of the last refresh).
 pub(crate) fn lower_shares(dev: usize) -> bool {
     ANNOUNCE.get(dev).is_some_and(|a| a.load(Relaxed))
 }
 
+/// Some device needs the gate for node reasons (a container of another priority is there).
 pub(crate) fn gating() -> bool {
     (0..MAX_DEVICES).any(|d| DEFER[d].load(Relaxed) || ANNOUNCE[d].load(Relaxed))
 }

@@ -653,15 +653,17 @@ impl Proc {
     }
 
     /// Queue a `vgpu_linger` spin on stream `s`: after the stream's work and any earlier spin
-    /// on it. Its word must lie in registered host memory, as on a GPU (which faults otherwise).
+    /// on it. Its word must lie in host memory its context registered, as on a GPU (which faults
+    /// otherwise).
     pub fn queue_linger(&mut self, s: u64, word: usize, gen: u32, ns: u64) -> R<()> {
-        let registered = self.registered.range(..=word).next_back().is_some_and(|(&p, &(len, _))| word + 4 <= p + len);
+        let (ctx, _) = self.stream_dev(s)?;
+        // Registered by this context (without PORTABLE another context cannot map it).
+        let registered = self.registered.range(..=word).next_back().is_some_and(|(&p, &(len, c))| word + 4 <= p + len && c == ctx);
         if !registered {
             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
         }
         let now = now_ns();
         self.lingers.retain(|l| l.ends_at() > now);
-        let (ctx, _) = self.stream_dev(s)?;
         let earlier = self.lingers.iter().filter(|l| l.stream == s).map(Linger::ends_at).max().unwrap_or(0);
         let start = self.stream_mut(s)?.last_end.max(now).max(earlier);
         self.lingers.push(Linger { ctx, stream: s, start, end: start.saturating_add(ns), word, gen });
