@@ -14,7 +14,9 @@
 # the next launch, keep what the full-length one keeps, and only if it ends after the launch?
 # hook / hook_off: the hook's own linger (LINGER_LIB=a build of branch `linger`), on and off.
 # usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so;
-#        SYNC=device|event: the service waits so instead of on its stream)
+#        SYNC=device|event: the service waits so instead of on its stream; a variant may end in
+#        :VAR=VALUE[,VAR=VALUE...], more environment for both containers, e.g.
+#        hook_off:VGPU_PRIORITY_IDLE_GRACE_US=1300 or plain:SYNC=device)
 set -u
 DIST=${DIST:-$(cd "$(dirname "$0")/.." && pwd)}
 secs=${1:-40}
@@ -27,7 +29,10 @@ if [ ! -f "$probe" ]; then
         { echo "error=tsg_probe_build_failed"; exit 2; }
 fi
 out=${OUT:-$(mktemp -d /tmp/gap-switch-XXXXXX)}
-for v in "${variants[@]}"; do
+for spec in "${variants[@]}"; do
+    v=${spec%%:*}
+    more=()
+    [ "$v" != "$spec" ] && IFS=, read -r -a more <<<"${spec#*:}"
     case $v in
     plain) extra=() ;;
     linger) extra=(LINGER_US=300) ;;
@@ -40,9 +45,14 @@ for v in "${variants[@]}"; do
     both) extra=(LINGER_US=300 SERVICE_PRELOAD="$probe" TSG_TIMESLICE_US=8000) ;;
     *) echo "error=unknown_variant $v (plain linger linger_pre linger_post long both hook hook_off)"; exit 2 ;;
     esac
-    mkdir -p "$out/$v"
-    env "${extra[@]}" OUT="$out/$v" DIST="$DIST" SYNC="${SYNC:-stream}" MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$out/$v/priority.txt" 2>&1
-    python3 - "$out/$v/priority.jsonl" "$v" <<'PY'
+    # Each run its own folder (a variant may come twice).
+    dir=$out/$(printf '%s' "$spec" | tr -c 'A-Za-z0-9_.-' '_')
+    n=1
+    while [ -e "$dir.$n" ]; do n=$((n + 1)); done
+    dir=$dir.$n
+    mkdir -p "$dir"
+    env "${extra[@]}" OUT="$dir" DIST="$DIST" SYNC="${SYNC:-stream}" "${more[@]}" MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$dir/priority.txt" 2>&1
+    python3 - "$dir/priority.jsonl" "$spec" <<'PY'
 import json, sys
 try:
     r = json.loads(open(sys.argv[1]).readlines()[-1])
@@ -51,14 +61,15 @@ except (OSError, IndexError, ValueError):
 a, p = r["service_alone"], r["priority"]["service"]
 print(f"gap_switch variant={sys.argv[2]} p99_ratio={r['p99_ratio']} keeps={r['priority']['training_keeps']} "
       f"p99_ms={a['p99_ms']}->{p['p99_ms']} queued_lat_p99_ms={a.get('queued_lat_p99_ms')}->{p.get('queued_lat_p99_ms')} "
+      f"outside_p50_ms={a.get('outside_p50_ms')}->{p.get('outside_p50_ms')} "
       f"tail_outside_ms={a.get('tail_outside_ms')}->{p.get('tail_outside_ms')}", flush=True)
 PY
     # Whether the hook lingered: its first and every 1000th spin, from the service's log.
     case $v in hook | hook_off)
-        echo "gap_switch variant=$v service_lingers: $(grep -ho 'linger: [0-9]* spins' "$out/$v"/priority-service-*.log 2>/dev/null | tail -2 | tr '\n' ' ')" ;;
+        echo "gap_switch variant=$spec service_lingers: $(grep -ho 'linger: [0-9]* spins' "$dir"/priority-service-*.log 2>/dev/null | tail -2 | tr '\n' ' ')" ;;
     esac
     # Whether the driver took the 8 ms: the timeslices tsg_probe read back from the service's groups.
     case $v in long | both)
-        echo "gap_switch variant=$v service_groups_read_back: $(grep -ho 'after_us=[0-9]*' "$out/$v"/priority-service-*.log 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')" ;;
+        echo "gap_switch variant=$spec service_groups_read_back: $(grep -ho 'after_us=[0-9]*' "$dir"/priority-service-*.log 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')" ;;
     esac
 done

@@ -585,11 +585,17 @@ fn lingers(stderr: &str) -> u64 {
     stderr.lines().rev().find_map(|l| l.split_whitespace().find_map(|kv| kv.strip_prefix("lingers="))).map_or(0, |v| v.parse().unwrap())
 }
 
+/// The launches the gate saw, from the hook's last debug line.
+fn gated(stderr: &str) -> u64 {
+    stderr.lines().rev().find_map(|l| l.split_whitespace().find_map(|kv| kv.strip_prefix("gated="))).map_or(0, |v| v.parse().unwrap())
+}
+
 /// A `test_requests` service at priority 0 (5 ms lingers, debug log): its stdout and stderr.
 fn lingering_service(s: &Scratch, env: &[(&str, &str)], args: &[&str]) -> (String, String) {
-    let mut env = env.to_vec();
-    env.extend([("VGPU_PRIORITY_LINGER_US", "5000"), ("LIBCUDA_LOG_LEVEL", "4")]);
-    let mut c = container(s, "hi", "test_requests", 0, &env);
+    // The caller's env last: it may turn the linger off.
+    let mut all = vec![("VGPU_PRIORITY_LINGER_US", "5000"), ("LIBCUDA_LOG_LEVEL", "4")];
+    all.extend_from_slice(env);
+    let mut c = container(s, "hi", "test_requests", 0, &all);
     c.args(["--us", "500", "--gap-us", "20000", "--seconds", "3"]).args(args);
     let out = c.output().unwrap();
     let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
@@ -599,9 +605,10 @@ fn lingering_service(s: &Scratch, env: &[(&str, &str)], args: &[&str]) -> (Strin
 
 /// Issue 14's linger: beside a lower priority, a priority-0 service queues a spin after each
 /// stream synchronize (one thread on a stream of the hook's own, ended by a word it moves), and a
-/// context synchronize does not wait for it: the hook moves the word first. A synchronize with no
-/// launch since the last spin queues none; a context synchronize queues its spin once it returns.
-/// Alone, or under a hard cap, it queues none.
+/// context synchronize does not wait for it: the hook moves the word first. The spin is the
+/// service's work to the lower priority, which holds while it runs. A synchronize with no launch
+/// since the last spin queues none, nor does a context synchronize. Alone, or under a hard cap,
+/// it queues none.
 #[test]
 #[serial(mock_gpu_timing)]
 fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_not_wait() {
@@ -622,10 +629,18 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     // Each request's three more synchronizes have nothing new to wait for: no spin each.
     assert!(n <= requests + 5, "the service lingered {n} times in {requests} requests (its extra synchronizes lingered)\n{err}");
     assert!(p90 < 2500.0, "a context synchronize waited {p90:.0} us (p90) for the service's 5 ms lingers\n{out}");
-    // A service that waits by context synchronize: its spin is queued once the wait returns.
-    let (out, err) = lingering_service(&s, &[], &["--ctx-only"]);
-    let (n, requests) = (lingers(&err), field(&out, "requests") as u64);
-    assert!(n >= 20 && n <= requests + 5, "a context-synchronizing service lingered {n} times in {requests} requests\n{err}");
+    // Each spin goes through the gate, as the program's launches do (lower priorities see it
+    // as the service's work): the same service without spins launches `per` a request.
+    let (out_off, err_off) = lingering_service(&s, &[("VGPU_PRIORITY_LINGER_US", "0")], stream_waits);
+    assert_eq!(lingers(&err_off), 0, "VGPU_PRIORITY_LINGER_US=0 lingered\n{err_off}");
+    let per = gated(&err_off) as f64 / field(&out_off, "requests");
+    let own = per * requests as f64;
+    let spins = gated(&err) as f64 - own;
+    eprintln!("gated launches: {per:.2} a request without spins; {spins:.0} more with {n} spins");
+    assert!(spins >= n as f64 * 0.9 - 5.0, "{n} spins but {spins:.0} gated launches beyond the service's own {own:.0}: the spins bypassed the gate\n{err}");
+    // A service that waits by context synchronize does not linger.
+    let (_, err) = lingering_service(&s, &[], &["--ctx-only"]);
+    assert!(err.contains("lingers=") && lingers(&err) == 0, "a context-synchronizing service lingered (or printed no count)\n{err}");
     let (_, capped) = lingering_service(&s, &[("CUDA_DEVICE_SM_LIMIT", "90")], stream_waits);
     assert!(!capped.contains("spins of"), "under a hard cap the service lingered\n{capped}");
     assert!(low.alive(), "the low-priority container died\n{}", low.text());

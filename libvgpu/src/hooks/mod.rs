@@ -108,9 +108,9 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let awaited = $awaited;
-                $crate::linger::before_sync(&awaited);
+                let counted = $crate::linger::before_sync(&awaited);
                 let r = f($($arg),*);
-                $crate::linger::after_sync(&awaited, r);
+                $crate::linger::after_sync(counted);
                 $crate::launch::after_sync();
                 $crate::physmem::after_sync();
                 r
