@@ -12,7 +12,8 @@
 # $OUT/priority.jsonl. Session 26 (H200): linger takes the tail's `outside` to alone's, long adds
 # nothing. The default runs plain, linger, linger_pre, linger_post: does a hook's linger, ended at
 # the next launch, keep what the full-length one keeps, and only if it ends after the launch?
-# hook / hook_off: the hook's own linger (LINGER_LIB=a build of branch `linger`), on and off.
+# hook / hook_off: the hook's own linger (LINGER_LIB: a build of the hook), on and off. Session 27
+# (H200): its spin ungated kept nothing; through the gate it keeps what the service's own does.
 # usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so;
 #        SYNC=device|event: the service waits so instead of on its stream; a variant may end in
 #        :VAR=VALUE[,VAR=VALUE...], more environment for both containers, e.g.
