@@ -638,9 +638,11 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     let spins = gated(&err) as f64 - own;
     eprintln!("gated launches: {per:.2} a request without spins; {spins:.0} more with {n} spins");
     assert!(spins >= n as f64 * 0.9 - 5.0, "{n} spins but {spins:.0} gated launches beyond the service's own {own:.0}: the spins bypassed the gate\n{err}");
-    // A service that waits by context synchronize does not linger.
-    let (_, err) = lingering_service(&s, &[], &["--ctx-only"]);
-    assert!(err.contains("lingers=") && lingers(&err) == 0, "a context-synchronizing service lingered (or printed no count)\n{err}");
+    // A service that waits by context synchronize does not linger (but once, at its start-up
+    // stream synchronize).
+    let (out, err) = lingering_service(&s, &[], &["--ctx-only"]);
+    let (n, requests) = (lingers(&err), field(&out, "requests"));
+    assert!(err.contains("lingers=") && n <= 1, "a context-synchronizing service lingered {n} times in {requests} requests (or printed no count)\n{err}");
     let (_, capped) = lingering_service(&s, &[("CUDA_DEVICE_SM_LIMIT", "90")], stream_waits);
     assert!(!capped.contains("spins of"), "under a hard cap the service lingered\n{capped}");
     assert!(low.alive(), "the low-priority container died\n{}", low.text());

@@ -19,7 +19,7 @@ use vgpu_core::MAX_DEVICES;
 
 use crate::caps::{note_launch, CONTENDED, GATE};
 use crate::driver;
-use crate::ffi::{CUcontext, CUevent, CUDA_SUCCESS};
+use crate::ffi::{CUcontext, CUevent, CUfunction, CUresult, CUDA_SUCCESS};
 use crate::runtime::{ProcState, Runtime};
 
 pub use crate::ffi::CUstream;
@@ -121,6 +121,15 @@ pub fn after_launch(ticket: LaunchTicket, result: i32) {
     if let Some(g) = ticket.gated {
         timed(&COUNTERS.after_ns, || gated_after(g, result));
     }
+}
+
+/// Launch one thread of `f` on `stream` through the gate, as a program's launch would go (the
+/// linger's spin: lower priorities see it as our work, and the meter times it).
+pub fn gated_one_thread(f: CUfunction, stream: CUstream, params: &mut [*mut std::ffi::c_void]) -> CUresult {
+    let ticket = before_launch(stream, false, || 0);
+    let r = driver::launch_one_thread(f, stream, params);
+    after_launch(ticket, r);
+    r
 }
 
 /// Called by synchronize shims (stream/context/event synchronize) after the real call returned.

@@ -129,9 +129,14 @@ pub(crate) fn note_launch() {
     }
 }
 
+/// How a spin is launched: one thread of the function on the stream, with these parameters,
+/// through the launch gate (`launch::gated_one_thread`; the hooks hand it in, the gate being
+/// above this module).
+pub type Launch = fn(CUfunction, CUstream, &mut [*mut c_void]) -> CUresult;
+
 /// Before a synchronize's real call; what it returns goes to `after_sync`.
 #[inline]
-pub fn before_sync(awaited: &Awaited) -> Syncing {
+pub fn before_sync(awaited: &Awaited, launch: Launch) -> Syncing {
     if !ACTIVE.load(Relaxed) {
         return Syncing(false);
     }
@@ -143,8 +148,8 @@ pub fn before_sync(awaited: &Awaited) -> Syncing {
             end_all();
             return Syncing(true);
         }
-        Awaited::Stream(s, ptsz) => guarded(|| queue(Some((s, ptsz)), None)),
-        Awaited::Event(e) => guarded(|| queue(None, Some(e))),
+        Awaited::Stream(s, ptsz) => guarded(|| queue(Some((s, ptsz)), None, launch)),
+        Awaited::Event(e) => guarded(|| queue(None, Some(e), launch)),
     }
     Syncing(false)
 }
@@ -220,7 +225,7 @@ fn lock_briefly() -> Option<MutexGuard<'static, [Option<Slot>; SLOTS]>> {
 
 /// Queue a spin behind the awaited stream's work or event (neither: at once), on the current
 /// context's slot.
-fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
+fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launch) {
     if OFF.load(Relaxed) || !FRESH.load(Relaxed) {
         return;
     }
@@ -294,9 +299,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>) {
         // work and hold while it runs, and it is timed with them. Ungated, a spin kept nothing (H200,
         // a stream-synchronizing service beside GPT-2: the tail's switch 0.42 ms, 0.33 without a
         // spin, 0.15-0.22 gated); its launch must not count as the program's new work (`FRESH`).
-        let ticket = crate::launch::before_launch(slot.stream as CUstream, false, || 0);
-        let r = driver::launch_one_thread(slot.func as CUfunction, slot.stream as CUstream, &mut params);
-        crate::launch::after_launch(ticket, r);
+        let r = launch(slot.func as CUfunction, slot.stream as CUstream, &mut params);
         FRESH.store(false, Relaxed);
         if r == CUDA_SUCCESS {
             // A context synchronize began meanwhile: its move may have come before ours.

@@ -14,8 +14,8 @@
 //!   or its graph; worked out only when the gate is on), so the queue bound values it at what
 //!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
-//! * `sync(awaited)`: `linger::before_sync` (queues or ends a linger: one atomic load when there
-//!   is none), real call, `linger::after_sync`, then `launch::after_sync()` and
+//! * `sync(awaited)`: `linger::before_sync` (queues or ends a linger, its spin launched by
+//!   `launch::gated_one_thread`: one atomic load when there is none), real call, `linger::after_sync`, then `launch::after_sync()` and
 //!   `physmem::after_sync()`.
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
@@ -108,7 +108,7 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let awaited = $awaited;
-                let counted = $crate::linger::before_sync(&awaited);
+                let counted = $crate::linger::before_sync(&awaited, $crate::launch::gated_one_thread);
                 let r = f($($arg),*);
                 $crate::linger::after_sync(counted);
                 $crate::launch::after_sync();
