@@ -3,7 +3,9 @@
 //! a one-thread spin queued behind the awaited work on a stream of its own. A request launched in
 //! the host gap that follows then finds the GPU still on this context, instead of waiting for it
 //! to switch back from the lower priority's work that ran in the gap. The service's own such spin
-//! took that switch (0.35 ms) out of its tail on an H200 (docs/benchmarks.md, session 26).
+//! took that switch (0.35 ms) out of its tail on an H200 (docs/benchmarks.md, session 26); the
+//! hook's, launched through the launch gate like the program's kernels, did the same (session
+//! 27). A context synchronize gets none: a spin queued once it returned made the tail worse.
 //!
 //! The spin runs until its time is up or a word of pinned host memory moves. The next synchronize
 //! moves it once the next spin is queued, so the previous spin overlaps the next request's
