@@ -9,8 +9,10 @@
 #   malloc [ROUNDS]   cuMemAlloc+cuMemFree 1 MiB under an 8g cap (samples/bench_malloc --slow-us 1000),
 #                     no hook / dist's / the candidate, interleaved processes (default 15 rounds):
 #                     each one's median ns, pairs over 1 ms a second and the share of its pairs' time
-#                     spent in them (medians of rounds), and the
-#                     hooks' median per-round ratios to no hook
+#                     spent in them (medians of rounds), the hooks' median per-round ratios to
+#                     no hook, and per process its slow pairs and when the first one came
+#                     (first_slow_s: one early stall a process is start-up, not a periodic call);
+#                     MALLOC_RUNS=N: bench_malloc's --runs (default 11, ~1.4 s a process on an H200)
 # usage: dist/ci/gpu-candidate.sh LIB compare [ROUNDS] | LIB part N | LIB malloc [ROUNDS]   ($OUT: logs)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,20 +46,22 @@ malloc)
             cand) pre=(LD_PRELOAD="$lib") ;;
             esac
             line=$(env -u LD_PRELOAD "${pre[@]}" CUDA_DEVICE_MEMORY_LIMIT=8g CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -u /tmp/cand-XXXXXX)" \
-                "$DIST/samples/bench_malloc" --slow-us 1000 2>&1 | tr '\n' ' ')
+                "$DIST/samples/bench_malloc" --slow-us 1000 --runs "${MALLOC_RUNS:-11}" 2>&1 | tr '\n' ' ')
             ns=$(sed -n 's/.*malloc_free_ns=\([0-9.]*\) .*/\1/p' <<<"$line")
             slow=$(sed -n 's/.*slow_pairs_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
             share=$(sed -n 's/.*slow_time_share=\([0-9.]*\).*/\1/p' <<<"$line")
-            printf '%s\t%s\t%s\t%s\t%s\n' "$which" "$i" "$ns" "$slow" "$share" >>"$tsv"
+            count=$(sed -n 's/.*slow_pairs=\([0-9]*\) .*/\1/p' <<<"$line")
+            first=$(sed -n 's/.*first_slow_s=\([-0-9.]*\).*/\1/p' <<<"$line")
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$which" "$i" "$ns" "$slow" "$share" "$count" "$first" >>"$tsv"
         done
     done
     python3 - "$tsv" "$(basename "$lib")" <<'PY'
 import statistics, sys
 v = {}
 for line in open(sys.argv[1]):
-    w, i, ns, slow, share = (line.rstrip("\n").split("\t") + ["", "", ""])[:5]
+    w, i, ns, slow, share, count, first = (line.rstrip("\n").split("\t") + [""] * 5)[:7]
     if ns and slow:
-        v.setdefault(w, {})[i] = (float(ns), float(slow), float(share or "nan"))
+        v.setdefault(w, {})[i] = (float(ns), float(slow), float(share or "nan"), float(count or "nan"), float(first or "nan"))
 for w, name in (("off", "no hook"), ("main", "dist's libvgpu.so"), ("cand", sys.argv[2])):
     if w not in v:
         print(f"candidate_malloc build={name} runs=0")
@@ -70,6 +74,9 @@ for w, name in (("off", "no hook"), ("main", "dist's libvgpu.so"), ("cand", sys.
         r = [v[w][i][0] / v["off"][i][0] for i in v[w] if i in v["off"]]
         ratio = f" ratio={statistics.median(r):.3f} min={min(r):.3f} max={max(r):.3f}"
     print(f"candidate_malloc build={name} malloc_free_ns={ns:.0f} slow_pairs_per_s={slow:.2f} slow_time_share={share:.5f}{ratio} rounds={len(v[w])}")
+    # Per process: its slow pairs, and when its first one came (-1: none).
+    print(f"candidate_malloc build={name} slow_pairs_each=" + ",".join(f"{x[3]:.0f}" for x in v[w].values())
+          + " first_slow_s_each=" + ",".join(f"{x[4]:.2f}" for x in v[w].values()))
 PY
     ;;
 part)

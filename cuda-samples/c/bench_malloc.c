@@ -12,6 +12,8 @@
  * --slow-us N: also time each pair and count those over N us (per path): slow_pairs= (the exported
  * entry points), slow_pairs_driver= (--ab), pairs= (per path, the warm-up run's included),
  * max_pair_us=, max_pair_driver_us=, seconds= (all runs), slow_pairs_per_s= (slow_pairs / seconds),
+ * first_slow_s= (when the exported path's first slow pair ended, seconds after the first run, the
+ * warm-up's included, began; -1: none: a stall of the hook's start-up comes early, a periodic one anywhere),
  * slow_time_share= (the exported path's time spent in its slow pairs, over all its timed pairs:
  * at most what the stalls add to its mean).
  * A pair that waits for something else in the driver (another thread's NVML calls, if they hold a
@@ -33,6 +35,8 @@ static double slow_us = 0;
  * slow pairs and in all timed pairs. */
 static long slow[2], timed[2];
 static uint64_t longest[2], slow_time[2], timed_time[2];
+/* When the timed runs began, and when each path's first slow pair ended (0: none yet). */
+static uint64_t runs_t0, first_slow[2];
 
 static double pairs(int which, void *ctx)
 {
@@ -46,6 +50,8 @@ static double pairs(int which, void *ctx)
         if (slow_ns) {
             uint64_t d = now_ns() - p0;
             slow[which] += d > slow_ns;
+            if (d > slow_ns && !first_slow[which])
+                first_slow[which] = now_ns() - runs_t0;
             slow_time[which] += d > slow_ns ? d : 0;
             timed[which]++;
             timed_time[which] += d;
@@ -78,13 +84,14 @@ int main(int argc, char **argv)
     }
     out("size_bytes=%llu n=%d runs=%d\n", (unsigned long long)size, n, runs);
     uint64_t t0 = now_ns();
+    runs_t0 = t0;
     time_runs("malloc_free", runs, ab, pairs, NULL);
     double secs = (double)(now_ns() - t0) / 1e9;
     if (slow_us > 0)
         out("slow_over_us=%.0f slow_pairs=%ld slow_pairs_driver=%ld pairs=%ld max_pair_us=%.0f max_pair_driver_us=%.0f seconds=%.3f "
-            "slow_pairs_per_s=%.2f slow_time_share=%.5f\n",
+            "slow_pairs_per_s=%.2f first_slow_s=%.3f slow_time_share=%.5f\n",
             slow_us, slow[0], slow[1], timed[0], (double)longest[0] / 1000.0, (double)longest[1] / 1000.0, secs,
-            (double)slow[0] / secs, timed_time[0] ? (double)slow_time[0] / (double)timed_time[0] : 0.0);
+            (double)slow[0] / secs, first_slow[0] ? (double)first_slow[0] / 1e9 : -1.0, timed_time[0] ? (double)slow_time[0] / (double)timed_time[0] : 0.0);
     gpu_close(&g);
     return 0;
 }
