@@ -19,7 +19,7 @@ use vgpu_core::MAX_DEVICES;
 
 use crate::caps::{note_launch, CONTENDED, GATE};
 use crate::driver;
-use crate::ffi::{CUcontext, CUevent, CUfunction, CUresult, CUDA_SUCCESS};
+use crate::ffi::{CUcontext, CUevent, CUfunction, CUresult, CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 use crate::runtime::{ProcState, Runtime};
 
 pub use crate::ffi::CUstream;
@@ -112,7 +112,17 @@ pub fn before_launch(stream: CUstream, ptsz: bool, kind: impl FnOnce() -> u64) -
         note_launch();
         return LaunchTicket::default();
     }
-    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz, kind()))
+    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz, kind(), Launcher::Program)).unwrap_or_default()
+}
+
+/// Who launches through the gate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Launcher {
+    /// The program: waits as the gate says (bounded), and its launch is new work to linger after.
+    Program,
+    /// The linger's spin, from inside a synchronize: never waits (where the program's launch would
+    /// wait, there is no spin), and is not the program's work.
+    Spin,
 }
 
 /// Called by every launch shim after the real launch with its result.
@@ -125,8 +135,16 @@ pub fn after_launch(ticket: LaunchTicket, result: i32) {
 
 /// Launch one thread of `f` on `stream` through the gate, as a program's launch would go (the
 /// linger's spin: lower priorities see it as our work, and the meter times it).
+/// Where the gate would hold it (a suspended or paused container, a higher priority's work, a
+/// budget), it is not launched: `CUDA_ERROR_NOT_READY`.
 pub fn gated_one_thread(f: CUfunction, stream: CUstream, params: &mut [*mut std::ffi::c_void]) -> CUresult {
-    let ticket = before_launch(stream, false, || 0);
+    let ticket = match GATE.load(Relaxed) {
+        true => match timed(&COUNTERS.before_ns, || gated_before(stream, false, 0, Launcher::Spin)) {
+            Some(t) => t,
+            None => return CUDA_ERROR_NOT_READY,
+        },
+        false => LaunchTicket::default(),
+    };
     let r = driver::launch_one_thread(f, stream, params);
     after_launch(ticket, r);
     r
@@ -156,7 +174,6 @@ fn timed<T>(total: &AtomicU64, f: impl FnOnce() -> T) -> T {
 
 const CU_STREAM_LEGACY: usize = 0x1;
 const CU_STREAM_PER_THREAD: usize = 0x2;
-const CUDA_ERROR_NOT_READY: i32 = 600;
 
 thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
@@ -423,23 +440,29 @@ fn launch_device(ps: &ProcState) -> Option<usize> {
     (dev >= 0 && (dev as usize) < MAX_DEVICES).then_some(dev as usize)
 }
 
+/// `None`: the spin would have to wait (`Launcher::Spin` only).
 #[inline(never)]
-fn gated_before(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
+fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Option<LaunchTicket> {
     note_launch();
-    crate::linger::note_launch();
-    let Some((rt, ps)) = state() else { return LaunchTicket::default() };
-    let Some(dev) = launch_device(ps) else { return LaunchTicket::default() };
+    if who == Launcher::Program {
+        crate::linger::note_launch();
+    }
+    let Some((rt, ps)) = state() else { return Some(LaunchTicket::default()) };
+    let Some(dev) = launch_device(ps) else { return Some(LaunchTicket::default()) };
+    if who == Launcher::Spin && crate::caps::paused(rt, ps) {
+        return None;
+    }
     crate::node::launched_on(dev, vgpu_core::clock::fast_now_ns());
     crate::caps::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
     // A launch into a capture does not run now (the graph's launch is gated instead).
     COUNTERS.gated.fetch_add(1, Relaxed);
     if driver::stream_capturing(stream) {
         COUNTERS.captured.fetch_add(1, Relaxed);
-        return LaunchTicket::default();
+        return Some(LaunchTicket::default());
     }
     let Some((key, record_on, ctx)) = resolve_stream(stream, ptsz) else {
         COUNTERS.untracked_stream.fetch_add(1, Relaxed);
-        return LaunchTicket::default();
+        return Some(LaunchTicket::default());
     };
     let bucket = ps.region.bucket(dev);
     let cap = crate::caps::effective_cap(rt, ps, dev);
@@ -447,7 +470,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
     let owner = ps.slot.index() as u64 + 1;
     // When the gate says go, the same lock and capture-mode switch also prepare the launch.
     let mut prepared = None;
-    let held = hold(&mut SysClock, |now| {
+    let mut step = |now| {
         // A higher-priority container has work on this GPU (node file): wait, bounded as any hold.
         if crate::node::hold_now(rt, dev, now) {
             // Held, the container saves no more than a burst: it must not make up for the hold
@@ -489,7 +512,15 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
         }
         g.events.settle();
         step
-    });
+    };
+    let held = match who {
+        Launcher::Program => hold(&mut SysClock, &mut step),
+        // The spin goes only where the gate says go at once.
+        Launcher::Spin => match step(vgpu_core::clock::now_ns()) {
+            Step::Go => 0,
+            Step::Wait(_) => return None,
+        },
+    };
     if held > 0 {
         COUNTERS.held_ns.fetch_add(held, Relaxed);
     }
@@ -502,14 +533,14 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64) -> LaunchTicket {
     });
     let Some((ctx, start_ev)) = prepared else {
         COUNTERS.untracked_stream.fetch_add(1, Relaxed);
-        return LaunchTicket::default();
+        return Some(LaunchTicket::default());
     };
     let submit_ns = vgpu_core::clock::fast_now_ns();
     // Shared line: written at most once a millisecond, not on every launch.
     if submit_ns.saturating_sub(bucket.s.last_launch_ns.load(Relaxed)) > 1_000_000 {
         bucket.s.last_launch_ns.store(submit_ns, Relaxed);
     }
-    LaunchTicket { gated: Some(Gated { dev, key, record_on, ctx, start_ev, submit_ns, kind }) }
+    Some(LaunchTicket { gated: Some(Gated { dev, key, record_on, ctx, start_ev, submit_ns, kind }) })
 }
 
 /// The context clock of the launch's stream, and a start event when the stream is idle (its

@@ -64,7 +64,6 @@ DONE:
 }
 ";
 
-const CUDA_ERROR_NOT_READY: CUresult = 600;
 
 /// Contexts that can linger at once in this process.
 const SLOTS: usize = 16;
@@ -258,8 +257,13 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
     if event.is_some_and(|e| !matches!(driver::event_query(e), CUDA_SUCCESS | CUDA_ERROR_NOT_READY)) {
         return;
     }
-    // Another thread of ours is queueing one: this synchronize does not wait for it.
-    let Ok(mut table) = TABLE.try_lock() else { return };
+    // Another thread of ours is queueing one: this synchronize does not wait for it. A panic
+    // caught while it was held (`guarded`) left the table as it was: go on with it.
+    let mut table = match TABLE.try_lock() {
+        Ok(t) => t,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
     let pid = std::process::id();
     let i = match table.iter().position(|e| e.is_some_and(|s| s.pid == pid && s.ctx == ctx as usize)) {
         Some(i) => i,
@@ -298,9 +302,9 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
         // Through the gate, as the program's own launches: lower priorities learn the spin is our
         // work and hold while it runs, and it is timed with them. Ungated, a spin kept nothing (H200,
         // a stream-synchronizing service beside GPT-2: the tail's switch 0.42 ms, 0.33 without a
-        // spin, 0.15-0.22 gated); its launch must not count as the program's new work (`FRESH`).
+        // spin, 0.15-0.22 gated); its launch is not the program's new work (`FRESH` stays).
+        // Where the gate would hold it, none is launched (`launch::gated_one_thread`).
         let r = launch(slot.func as CUfunction, slot.stream as CUstream, &mut params);
-        FRESH.store(false, Relaxed);
         if r == CUDA_SUCCESS {
             // A context synchronize began meanwhile: its move may have come before ours.
             if SYNCING.load(SeqCst) > 0 {
