@@ -10,7 +10,10 @@
  *   --random           draw pauses from an exponential distribution (fixed seed)
  *   --seconds N        time spent serving requests (default 5)
  *   --idle-seconds N   then stay alive this long without launching (default 0)
- *   --print-each       print `req=N lat_us=X` as each request completes
+ *   --print-each       print `req=N lat_us=X sync_us=Y` as each request completes (Y: its
+ *                      synchronize alone)
+ *   --pause-us US      between each request's launch and its synchronize, sleep this long (a
+ *                      window in which to suspend the container; default 0)
  *   --extra-syncs N    after each request, synchronize its stream N more times (nothing new queued)
  *   --ctx-only         wait for each request by synchronizing the context, not the stream
  *   --ctx-sync         after each request's stream synchronize, also synchronize the context
@@ -41,6 +44,7 @@ static double pct(double *sorted, int n, double p)
 int main(int argc, char **argv)
 {
     double us = 2000.0, gap_us = 20000.0;
+    double pause_us = 0;
     int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0, ctx_only = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
@@ -48,14 +52,15 @@ int main(int argc, char **argv)
         {"--random", OPT_FLAG, &random_gap, "exponentially distributed pauses (fixed seed)"},
         {"--seconds", OPT_INT, &seconds, "time spent serving requests (default 5)"},
         {"--idle-seconds", OPT_INT, &idle_seconds, "then stay alive without launching (default 0)"},
-        {"--print-each", OPT_FLAG, &print_each, "print req=N lat_us=X per request"},
+        {"--print-each", OPT_FLAG, &print_each, "print req=N lat_us=X sync_us=Y per request"},
+        {"--pause-us", OPT_DOUBLE, &pause_us, "sleep between each launch and its synchronize (default 0)"},
         {"--ctx-only", OPT_FLAG, &ctx_only, "wait for each request by context synchronize"},
         {"--extra-syncs", OPT_INT, &extra_syncs, "synchronize each request's stream N more times"},
         {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Timed requests: one kernel + synchronize each; report latencies.");
-    if (us <= 0 || gap_us < 0 || seconds <= 0 || idle_seconds < 0 || extra_syncs < 0)
+    if (us <= 0 || gap_us < 0 || seconds <= 0 || idle_seconds < 0 || extra_syncs < 0 || pause_us < 0)
         die("need --us > 0, --gap-us >= 0, --seconds > 0, --idle-seconds >= 0, --extra-syncs >= 0");
     stop_on_signals();
 
@@ -79,7 +84,11 @@ int main(int argc, char **argv)
     while (!stop_requested && now_ns() - t_start < (uint64_t)seconds * 1000000000ull && n < cap) {
         uint64_t t0 = now_ns();
         CHECK(launch_spin(&g, &k, cycles, s));
+        if (pause_us > 0)
+            sleep_ns((uint64_t)(pause_us * 1000.0));
+        uint64_t s0 = now_ns();
         CHECK(ctx_only ? cuCtxSynchronize() : cuStreamSynchronize(s));
+        double sync_us = (double)(now_ns() - s0) / 1000.0;
         lat[n++] = (double)(now_ns() - t0) / 1000.0;
         for (int i = 0; i < extra_syncs; i++)
             CHECK(cuStreamSynchronize(s));
@@ -89,7 +98,7 @@ int main(int argc, char **argv)
             ctx_us[n - 1] = (double)(now_ns() - c0) / 1000.0;
         }
         if (print_each)
-            out("req=%d lat_us=%.0f\n", n, lat[n - 1]);
+            out("req=%d lat_us=%.0f sync_us=%.0f\n", n, lat[n - 1], sync_us);
         uint64_t t = now_ns();
         if (t - t_win >= 1000000000ull) {
             int m = n - win_start;

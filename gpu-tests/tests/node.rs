@@ -648,3 +648,36 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     assert!(low.alive(), "the low-priority container died\n{}", low.text());
     low.stop();
 }
+
+/// A lingering service whose container is suspended between a launch and its synchronize: the
+/// synchronize returns once the request's work is done, not at the resume. Its spin would wait
+/// in the gate like a launch (suspended): none is queued then.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_suspended_lingering_service_synchronizes_without_waiting_for_the_resume() {
+    let s = Scratch::new("node-linger-suspend");
+    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
+    low.wait_line("second=1 ", Duration::from_secs(10));
+    let mut c = container(&s, "hi", "test_requests", 0, &[("VGPU_PRIORITY_LINGER_US", "5000"), ("LIBCUDA_LOG_LEVEL", "4")]);
+    // Each request: a 500-us kernel, 400 ms of host pause, then its stream synchronize.
+    c.args(["--us", "500", "--gap-us", "20000", "--pause-us", "400000", "--seconds", "3", "--print-each"]);
+    let mut hi = Bg::spawn(c, "service");
+    hi.wait_line("req=2 ", Duration::from_secs(10));
+    // Request 3 is launched about 20 ms later and synchronizes 400 ms after its launch.
+    std::thread::sleep(Duration::from_millis(150));
+    let region = s.dir.join("hi.cache");
+    let region = region.to_str().unwrap();
+    common::tool(&s, "shrreg-tool", &["--file", region, "--suspend"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    common::tool(&s, "shrreg-tool", &["--file", region, "--resume"]);
+    let (out, err) = hi.finish_both(Duration::from_secs(20));
+    // It lingered (its requests before the suspension): the path that could wait was taken.
+    assert!(lingers(&err) >= 1, "the service did not linger\n{err}");
+    let syncs: Vec<f64> = out.lines().filter(|l| l.starts_with("req=")).map(|l| field(l, "sync_us")).collect();
+    let worst = syncs.iter().cloned().fold(0.0, f64::max);
+    eprintln!("synchronizes of {} requests, the longest {worst:.0} us", syncs.len());
+    assert!(syncs.len() >= 3, "too few requests\n{out}");
+    assert!(worst < 300_000.0, "a synchronize took {worst:.0} us: it waited for the resume (1.5 s suspended)\n{out}");
+    assert!(low.alive(), "the low-priority container died\n{}", low.text());
+    low.stop();
+}

@@ -124,6 +124,13 @@ impl Bg {
         self.stdout()
     }
 
+    /// Like [`Bg::finish`], returning stdout and stderr.
+    pub fn finish_both(mut self, limit: Duration) -> (String, String) {
+        let st = self.wait_exit(limit).unwrap_or_else(|| panic!("{} still running after {limit:?}\n{}", self.name, self.text()));
+        assert!(st.success(), "{} failed: {st}\n{}", self.name, self.text());
+        (self.stdout(), self.stderr.lock().unwrap().clone())
+    }
+
     /// SIGTERM, then wait (bounded) for a clean exit; returns stdout. Panics with the output if
     /// it does not exit cleanly.
     pub fn stop(mut self) -> String {
