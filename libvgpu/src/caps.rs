@@ -66,13 +66,13 @@ pub(crate) fn effective_cap(rt: &Runtime, ps: &ProcState, dev: usize) -> CapPerc
     )
 }
 
-/// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
-/// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
 /// The container is suspended, or paused for a higher priority: launches wait (`wait_while_paused`).
 pub(crate) fn paused(rt: &Runtime, ps: &ProcState) -> bool {
     ps.region.suspended() || low_priority_paused(rt, ps)
 }
 
+/// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
+/// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
 pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
     if !paused(rt, ps) {
         return; // the common case: no clock read

@@ -110,10 +110,11 @@ pub fn restore_capture(prev: Option<c_int>) {
     }
 }
 
-/// A timing event in the current context.
-pub fn event_create_timed() -> Option<CUevent> {
+/// An event in the current context, timing or not.
+pub fn event_create(timing: bool) -> Option<CUevent> {
+    const CU_EVENT_DISABLE_TIMING: c_uint = 2;
     let mut e: CUevent = std::ptr::null_mut();
-    let r = call!(cuEventCreate(&mut e, 0))?;
+    let r = call!(cuEventCreate(&mut e, if timing { 0 } else { CU_EVENT_DISABLE_TIMING }))?;
     (r == CUDA_SUCCESS).then_some(e)
 }
 
@@ -123,6 +124,10 @@ pub fn event_record(ev: CUevent, stream: CUstream) -> CUresult {
 
 pub fn event_query(ev: CUevent) -> CUresult {
     call!(cuEventQuery(ev)).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
+pub fn stream_wait_event(stream: CUstream, ev: CUevent) -> CUresult {
+    call!(cuStreamWaitEvent(stream, ev, 0)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
 /// Milliseconds from `start` to `end` (both completed timing events of one context).
@@ -168,17 +173,16 @@ pub fn context_device(ctx: CUcontext) -> Option<CUdevice> {
     dev
 }
 
-/// Whether `stream` is capturing into a graph (work on it becomes graph nodes).
-/// The stream is known not to be capturing (an error, as on the legacy stream while another
-/// stream captures, counts as capturing).
-pub fn stream_not_capturing(stream: CUstream) -> bool {
-    let mut st: c_int = 1;
-    call!(cuStreamIsCapturing(stream, &mut st)) == Some(CUDA_SUCCESS) && st == 0
+/// Whether `stream` is capturing into a graph (work on it becomes graph nodes); `None` where
+/// the driver cannot say (as on the legacy stream while another stream captures).
+pub fn stream_capture_state(stream: CUstream) -> Option<bool> {
+    let mut st: c_int = 0;
+    (call!(cuStreamIsCapturing(stream, &mut st))? == CUDA_SUCCESS).then_some(st != 0)
 }
 
+/// `stream` is known to be capturing.
 pub fn stream_capturing(stream: CUstream) -> bool {
-    let mut st: c_int = 0;
-    call!(cuStreamIsCapturing(stream, &mut st)) == Some(CUDA_SUCCESS) && st != 0
+    stream_capture_state(stream) == Some(true)
 }
 
 /// A 64-bit attribute of a memory pool.
@@ -253,18 +257,6 @@ pub fn module_function(m: CUmodule, name: &std::ffi::CStr) -> Option<CUfunction>
     let mut f: CUfunction = std::ptr::null_mut();
     let r = call!(cuModuleGetFunction(&mut f, m, name.as_ptr()))?;
     (r == CUDA_SUCCESS && !f.is_null()).then_some(f)
-}
-
-/// An event without timing in the current context.
-pub fn event_create_untimed() -> Option<CUevent> {
-    const CU_EVENT_DISABLE_TIMING: c_uint = 2;
-    let mut e: CUevent = std::ptr::null_mut();
-    let r = call!(cuEventCreate(&mut e, CU_EVENT_DISABLE_TIMING))?;
-    (r == CUDA_SUCCESS).then_some(e)
-}
-
-pub fn stream_wait_event(stream: CUstream, ev: CUevent) -> CUresult {
-    call!(cuStreamWaitEvent(stream, ev, 0)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
 /// Page-locks and maps host memory for the current context (the real `cuMemHostRegister_v2`);

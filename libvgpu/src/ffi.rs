@@ -40,6 +40,9 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+/// The special stream handles (cuda.h's CU_STREAM_LEGACY / CU_STREAM_PER_THREAD).
+pub const CU_STREAM_LEGACY: usize = 0x1;
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 pub const NVML_SUCCESS: nvmlReturn_t = 0;

@@ -19,7 +19,7 @@ use vgpu_core::MAX_DEVICES;
 
 use crate::caps::{note_launch, CONTENDED, GATE};
 use crate::driver;
-use crate::ffi::{CUcontext, CUevent, CUfunction, CUresult, CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
+use crate::ffi::{CUcontext, CUevent, CUfunction, CUresult, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::runtime::{ProcState, Runtime};
 
 pub use crate::ffi::CUstream;
@@ -172,8 +172,6 @@ fn timed<T>(total: &AtomicU64, f: impl FnOnce() -> T) -> T {
 
 // ---- streams -------------------------------------------------------------------------------
 
-const CU_STREAM_LEGACY: usize = 0x1;
-const CU_STREAM_PER_THREAD: usize = 0x2;
 
 thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
@@ -240,7 +238,7 @@ impl CtxClock {
     /// Anchor a context: record an event on a private idle stream and see it complete.
     fn new(ctx: CUcontext) -> Option<CtxClock> {
         let stream = driver::stream_create_nonblocking()?;
-        let anchor = driver::event_create_timed()?;
+        let anchor = driver::event_create(true)?;
         if driver::event_record(anchor, stream) != CUDA_SUCCESS {
             return None;
         }
@@ -256,7 +254,7 @@ impl CtxClock {
     }
 
     fn event(&mut self) -> Option<CUevent> {
-        self.free.pop().or_else(driver::event_create_timed)
+        self.free.pop().or_else(|| driver::event_create(true))
     }
 }
 

@@ -178,6 +178,11 @@ fn end_all() {
     }
 }
 
+/// Move `word` to its next value (ending the spin waiting on the old one); the old value.
+fn advance(word: &AtomicU32) -> u32 {
+    word.fetch_update(SeqCst, SeqCst, |w| Some(next_word(w))).unwrap_or_else(|w| w)
+}
+
 /// Before a call that waits for all of the context's work (a free, a module unload, a primary
 /// context's release or reset): end every spin so that it does not wait for one.
 #[inline]
@@ -242,11 +247,10 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
     }
     let stream = match stream {
         Some((s, ptsz)) => {
-            const CU_STREAM_PER_THREAD: usize = 0x2;
             let s = if ptsz && s.is_null() { CU_STREAM_PER_THREAD as CUstream } else { s };
             // A stream of another context, or one being captured (the synchronize fails there,
             // and our record would become part of the graph): no linger.
-            if (s as usize > CU_STREAM_PER_THREAD && driver::stream_context(s) != Some(ctx as CUcontext)) || !driver::stream_not_capturing(s) {
+            if (s as usize > CU_STREAM_PER_THREAD && driver::stream_context(s) != Some(ctx as CUcontext)) || driver::stream_capture_state(s) != Some(false) {
                 return;
             }
             Some(s)
@@ -294,8 +298,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
         // The new spin spins while the word holds `gen`; moving the word to it ends the last one,
         // now that the next request's work (launched before this synchronize) is queued.
         let word = &WORDS[i].0[0];
-        let Ok(prev) = word.fetch_update(SeqCst, SeqCst, |w| Some(next_word(w))) else { return };
-        let mut gen = next_word(prev);
+        let mut gen = next_word(advance(word));
         let mut ptr = slot.word;
         let mut len = ns;
         let mut params = [(&raw mut ptr).cast::<c_void>(), (&raw mut gen).cast(), (&raw mut len).cast()];
@@ -308,7 +311,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
         if r == CUDA_SUCCESS {
             // A context synchronize began meanwhile: its move may have come before ours.
             if SYNCING.load(SeqCst) > 0 {
-                let _ = word.fetch_update(SeqCst, SeqCst, |w| Some(next_word(w)));
+                advance(word);
             }
             let n = QUEUED.fetch_add(1, Relaxed) + 1;
             if n == 1 || n.is_multiple_of(1000) {
@@ -327,7 +330,7 @@ fn make(i: usize, ctx: u64) -> Slot {
         let m = driver::module_load_data(PTX).ok_or("cannot load its kernel")?;
         let f = driver::module_function(m, c"vgpu_linger").ok_or("no kernel in its module")?;
         let s = driver::stream_create_nonblocking().ok_or("cannot create its stream")?;
-        let e = driver::event_create_untimed().ok_or("cannot create its event")?;
+        let e = driver::event_create(false).ok_or("cannot create its event")?;
         let w = driver::host_register(WORDS[i].0.as_ptr() as *mut c_void, PAGE).ok_or("cannot map its word")?;
         Ok((f, s, e, w))
     })();

@@ -658,7 +658,7 @@ impl Proc {
     pub fn queue_linger(&mut self, s: u64, word: usize, gen: u32, ns: u64) -> R<()> {
         let (ctx, _) = self.stream_dev(s)?;
         // Registered by this context (without PORTABLE another context cannot map it).
-        let registered = self.registered.range(..=word).next_back().is_some_and(|(&p, &(len, c))| word + 4 <= p + len && c == ctx);
+        let registered = self.registered_at(word).is_some_and(|(p, len, c)| word + 4 <= p + len && c == ctx);
         if !registered {
             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
         }
@@ -668,6 +668,11 @@ impl Proc {
         let start = self.stream_mut(s)?.last_end.max(now).max(earlier);
         self.lingers.push(Linger { ctx, stream: s, start, end: start.saturating_add(ns), word, gen });
         Ok(())
+    }
+
+    /// The host registration holding address `a`: start, length, context.
+    pub fn registered_at(&self, a: usize) -> Option<(usize, usize, u64)> {
+        self.registered.range(..=a).next_back().map(|(&p, &(len, c))| (p, len, c)).filter(|&(p, len, _)| a < p + len)
     }
 
     pub fn new_stream(&mut self) -> R<u64> {

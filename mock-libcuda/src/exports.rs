@@ -772,7 +772,7 @@ driver_exports! {
     "cuMemHostGetDevicePointer" @ 3020 => fn cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, ptr: *mut c_void, flags: c_uint) {
         run(|p, _| {
             let a = ptr as usize;
-            let mapped = p.host.contains(&a) || p.registered.range(..=a).next_back().is_some_and(|(&b, &(len, _))| a < b + len);
+            let mapped = p.host.contains(&a) || p.registered_at(a).is_some();
             if pdptr.is_null() || flags != 0 || !mapped {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }

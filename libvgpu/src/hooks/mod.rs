@@ -15,8 +15,8 @@
 //!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
 //! * `sync(awaited)`: `linger::before_sync` (queues or ends a linger, its spin launched by
-//!   `launch::gated_one_thread`: one atomic load when there is none), real call, `linger::after_sync`, then `launch::after_sync()` and
-//!   `physmem::after_sync()`.
+//!   `launch::gated_one_thread`: one atomic load when there is none), real call,
+//!   `linger::after_sync`, then `launch::after_sync()` and `physmem::after_sync()`.
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
 //! symbol does not exist in the loaded driver.
