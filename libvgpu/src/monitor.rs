@@ -132,7 +132,7 @@ fn run(rt: &'static Runtime) {
             let device_util = if nvml_due { observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]) } else { None };
             let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
             let cap = policy::calibration_cap(cap, tenants[dev].alone);
-            calibrate_charge(ps, dev, nvml_handles[dev], device_util, cap, &mut feeds[dev], now);
+            calibrate_charge(ps, dev, nvml_handles[dev], device_util, cap, &mut feeds[dev], now, policy::samples_due(tick));
             if when.growth {
                 follow_growth(ps, dev, nvml_handles[dev], &mut growth[dev]);
             }
@@ -178,8 +178,11 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
 /// while the container is alone on the device: NVML's own samples, each beside the busy time
 /// measured over the period it covers, or this tick's reading (`snapshot`) where NVML gives no
 /// samples. Each second, the container's scale moves towards NVML's busy time per measured ns.
-/// `cap`: `policy::calibration_cap`'s verdict.
-fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot: Option<u32>, cap: Result<u32, &str>, feed: &mut Feed, now: u64) {
+/// `cap`: `policy::calibration_cap`'s verdict. `fetch`: this tick asks NVML for its samples
+/// (`policy::samples_due`); on the others the tick's busy time is only recorded, or the reading
+/// placed where NVML gives no samples.
+#[allow(clippy::too_many_arguments)]
+fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot: Option<u32>, cap: Result<u32, &str>, feed: &mut Feed, now: u64, fetch: bool) {
     let cap = match cap {
         Ok(cap) => cap,
         Err(why) => {
@@ -194,7 +197,11 @@ fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot:
     // Both clocks read together: their difference tells a stepped wall clock (`Feed::tick`).
     let (wall_us, mono_ns) = (vgpu_core::clock::unix_micros(), vgpu_core::clock::now_ns());
     let since_us = feed.tick(wall_us, mono_ns, bucket.s.total_busy_ns.load(Relaxed));
-    let samples = handle.and_then(|h| crate::driver::nvml_gpu_util_samples(h as crate::ffi::nvmlDevice_t, since_us));
+    let samples = match fetch {
+        true => handle.and_then(|h| crate::driver::nvml_gpu_util_samples(h as crate::ffi::nvmlDevice_t, since_us)),
+        false if feed.on_readings => None,
+        false => return, // the samples since come with the next fetch
+    };
     let was_on_readings = feed.on_readings;
     let closed = feed.add(samples, snapshot, cap, now);
     if feed.on_readings != was_on_readings {

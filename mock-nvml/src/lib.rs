@@ -133,7 +133,22 @@ fn guard(name: &'static str, calls: &std::sync::atomic::AtomicU64, f: impl FnOnc
     // Not a OnceLock: a child forked during its first initialization would wait on it forever.
     static INJ: std::sync::atomic::AtomicPtr<mock_gpu::Injection> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
     let inj = mock_gpu::lazy_leak(&INJ, || mock_gpu::Injection::from_env("MOCK_NVML"));
+    trace(name);
     mock_gpu::faults::guarded(inj, name, calls, NVML_ERROR_UNKNOWN, f)
+}
+
+/// `MOCK_NVML_TRACE=PATH`: each call appends `pid name` to PATH (which NVML calls a hooked
+/// process makes, and when it makes none: `gpu-tests/tests/monitor_nvml.rs`).
+fn trace(name: &str) {
+    static PATH: std::sync::atomic::AtomicPtr<Option<std::path::PathBuf>> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+    let path = mock_gpu::lazy_leak(&PATH, || std::env::var_os("MOCK_NVML_TRACE").map(Into::into));
+    if let Some(p) = path {
+        use std::io::Write;
+        // One write per line (O_APPEND): lines of several processes do not interleave.
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(p) {
+            let _ = f.write_all(format!("{} {name}\n", std::process::id()).as_bytes());
+        }
+    }
 }
 
 macro_rules! nvml_exports {

@@ -20,6 +20,18 @@ pub const NVML_LOOKBACK_US: u64 = 2_000_000;
 /// another process's cuMemAlloc+cuMemFree by 9% (`bench/py/nvml_poll_cost.py`, session 23).
 pub const PLAIN_NVML_EVERY: u32 = 10;
 
+/// Under a cap, NVML's utilization samples (the charge calibration's) are fetched once per this
+/// many publishing ticks (1 s), the feed's busy history (3.2 s) placing those a second old as
+/// well: each `nvmlDeviceGetSamples` stalls the program's next driver call past 1 ms, about every
+/// time (H200, session 27: 5.1 slow 1-MiB malloc+free pairs a second beside one call every 200
+/// ms, none beside `nvmlDeviceGetUtilizationRates`).
+pub const SAMPLES_EVERY: u32 = 5;
+
+/// Does tick `tick` fetch NVML's utilization samples (a publishing tick, once a second)?
+pub fn samples_due(tick: u32) -> bool {
+    tick.is_multiple_of(PUBLISH_EVERY * SAMPLES_EVERY)
+}
+
 /// Does publishing tick `tick` ask NVML about a device? Every one while something follows the
 /// other tenants there (`plain` false: a cap to calibrate, contention to see, a soft cap to
 /// give back); else once per `PLAIN_NVML_EVERY` ticks, enough for the utilization it publishes.
@@ -164,6 +176,13 @@ pub fn sample_percent(value_type: i32, raw: u64) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn samples_are_fetched_once_a_second_on_publishing_ticks() {
+        let due: Vec<u32> = (1..=40).filter(|&t| samples_due(t)).collect();
+        assert_eq!(due, [10, 20, 30, 40]);
+        assert!(due.iter().all(|&t| schedule(t).publish));
+    }
     use super::*;
     use std::cell::Cell;
 
