@@ -179,8 +179,8 @@ fn observe_tenants(ps: &ProcState, dev: usize, handle: &mut Option<usize>, sig: 
 /// measured over the period it covers, or this tick's reading (`snapshot`) where NVML gives no
 /// samples. Each second, the container's scale moves towards NVML's busy time per measured ns.
 /// `cap`: `policy::calibration_cap`'s verdict. `fetch`: this tick asks NVML for its samples
-/// (`policy::samples_due`); on the others the tick's busy time is only recorded, or the reading
-/// placed where NVML gives no samples.
+/// (`policy::samples_due`; every tick while the mean settles on a cap); on the others the
+/// tick's busy time is only recorded, or the reading placed where NVML gives no samples.
 #[allow(clippy::too_many_arguments)]
 fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot: Option<u32>, cap: Result<u32, &str>, feed: &mut Feed, now: u64, fetch: bool) {
     let cap = match cap {
@@ -197,6 +197,7 @@ fn calibrate_charge(ps: &ProcState, dev: usize, handle: Option<usize>, snapshot:
     // Both clocks read together: their difference tells a stepped wall clock (`Feed::tick`).
     let (wall_us, mono_ns) = (vgpu_core::clock::unix_micros(), vgpu_core::clock::now_ns());
     let since_us = feed.tick(wall_us, mono_ns, bucket.s.total_busy_ns.load(Relaxed));
+    let fetch = fetch || feed.mean.settling(cap, now);
     let samples = match fetch {
         true => handle.and_then(|h| crate::driver::nvml_gpu_util_samples(h as crate::ffi::nvmlDevice_t, since_us)),
         false if feed.on_readings => None,

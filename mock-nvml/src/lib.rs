@@ -137,7 +137,7 @@ fn guard(name: &'static str, calls: &std::sync::atomic::AtomicU64, f: impl FnOnc
     mock_gpu::faults::guarded(inj, name, calls, NVML_ERROR_UNKNOWN, f)
 }
 
-/// `MOCK_NVML_TRACE=PATH`: each call appends `pid name` to PATH (which NVML calls a hooked
+/// `MOCK_NVML_TRACE=PATH`: each call appends `pid name unix_ms` to PATH (which NVML calls a hooked
 /// process makes, and when it makes none: `gpu-tests/tests/monitor_nvml.rs`).
 fn trace(name: &str) {
     static PATH: std::sync::atomic::AtomicPtr<Option<std::path::PathBuf>> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
@@ -146,7 +146,8 @@ fn trace(name: &str) {
         use std::io::Write;
         // One write per line (O_APPEND): lines of several processes do not interleave.
         if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(p) {
-            let _ = f.write_all(format!("{} {name}\n", std::process::id()).as_bytes());
+            let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let _ = f.write_all(format!("{} {name} {ms}\n", std::process::id()).as_bytes());
         }
     }
 }

@@ -176,6 +176,8 @@ pub fn sample_percent(value_type: i32, raw: u64) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::cell::Cell;
 
     #[test]
     fn samples_are_fetched_once_a_second_on_publishing_ticks() {
@@ -183,8 +185,6 @@ mod tests {
         assert_eq!(due, [10, 20, 30, 40]);
         assert!(due.iter().all(|&t| schedule(t).publish));
     }
-    use super::*;
-    use std::cell::Cell;
 
     #[test]
     fn sample_values_decode_by_their_type() {
