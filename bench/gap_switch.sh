@@ -17,7 +17,10 @@
 # usage: DIST=... bench/gap_switch.sh [SECONDS] [VARIANTS...]   (needs nvcc or cc for tsg_probe.so;
 #        SYNC=device|event: the service waits so instead of on its stream; a variant may end in
 #        :VAR=VALUE[,VAR=VALUE...], more environment for both containers, e.g.
-#        hook_off:VGPU_PRIORITY_IDLE_GRACE_US=1300 or plain:SYNC=device)
+#        hook_off:VGPU_PRIORITY_IDLE_GRACE_US=1300 or plain:SYNC=device; STALL_PROBE=SECONDS: beside
+#        each variant, bench/py/stall_probe.py times small writes to /tmp and /dev/shm files and a
+#        plain syscall for SECONDS (waited for; ~130 covers a 30-s variant): a 100-ms request in
+#        session 28 was not explained)
 set -u
 DIST=${DIST:-$(cd "$(dirname "$0")/.." && pwd)}
 secs=${1:-40}
@@ -52,7 +55,16 @@ for spec in "${variants[@]}"; do
     while [ -e "$dir.$n" ]; do n=$((n + 1)); done
     dir=$dir.$n
     mkdir -p "$dir"
+    probe_pid=
+    if [ -n "${STALL_PROBE:-}" ]; then
+        python3 "$DIST/bench/py/stall_probe.py" "$STALL_PROBE" /tmp /dev/shm >"$dir/stall_probe.txt" 2>&1 &
+        probe_pid=$!
+    fi
     env "${extra[@]}" OUT="$dir" DIST="$DIST" SYNC="${SYNC:-stream}" "${more[@]}" MODES=priority python3 "$DIST/bench/py/priority.py" "$secs" >"$dir/priority.txt" 2>&1
+    if [ -n "$probe_pid" ]; then
+        wait "$probe_pid"
+        sed "s/^/gap_switch variant=$spec /" "$dir/stall_probe.txt"
+    fi
     python3 - "$dir/priority.jsonl" "$spec" <<'PY'
 import json, sys
 try:
@@ -63,11 +75,16 @@ a, p = r["service_alone"], r["priority"]["service"]
 print(f"gap_switch variant={sys.argv[2]} p99_ratio={r['p99_ratio']} keeps={r['priority']['training_keeps']} "
       f"p99_ms={a['p99_ms']}->{p['p99_ms']} queued_lat_p99_ms={a.get('queued_lat_p99_ms')}->{p.get('queued_lat_p99_ms')} "
       f"outside_p50_ms={a.get('outside_p50_ms')}->{p.get('outside_p50_ms')} "
-      f"tail_outside_ms={a.get('tail_outside_ms')}->{p.get('tail_outside_ms')}", flush=True)
+      f"tail_outside_ms={a.get('tail_outside_ms')}->{p.get('tail_outside_ms')} max_ms={a.get('max_ms')}->{p.get('max_ms')}", flush=True)
+# The slowest request beside the training: where its time went, and when (the service's log has three).
+for x in p.get("slowest", [])[:1]:
+    print(f"gap_switch variant={sys.argv[2]} slowest " + " ".join(f"{k}={v}" for k, v in x.items()), flush=True)
 PY
     # Whether the hook lingered: its first and every 1000th spin, from the service's log.
     case $v in hook | hook_off)
-        echo "gap_switch variant=$spec service_lingers: $(grep -ho 'linger: [0-9]* spins' "$dir"/priority-service-*.log 2>/dev/null | tail -2 | tr '\n' ' ')" ;;
+        echo "gap_switch variant=$spec service_lingers: $(grep -ho 'linger: [0-9]* spins' "$dir"/priority-service-*.log 2>/dev/null | tail -2 | tr '\n' ' ')"
+        # With LIBCUDA_LOG_LEVEL=4: the longest single stretch of each part of the hook's own work.
+        echo "gap_switch variant=$spec service_hook_longest: $(grep -h 'launch gate:' "$dir/priority-service-priority.log" 2>/dev/null | tail -1 | grep -o '[a-z_]*_max_us=[0-9]*' | tr '\n' ' ')" ;;
     esac
     # Whether the driver took the 8 ms: the timeslices tsg_probe read back from the service's groups.
     case $v in long | both)

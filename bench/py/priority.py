@@ -56,6 +56,7 @@ def service(prio, mode):
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"priority-service-{mode}.log"), "a") as f:
             f.writelines(x + "\n" for x in run.stderr.splitlines() if x.startswith(("[libvgpu", "tsg_probe set")))
+            f.writelines(x + "\n" for x in run.stdout.splitlines() if x.startswith("service_slowest "))
     if run.returncode != 0:
         sys.exit(f"priority.py: the service ({mode}) exited with {run.returncode}: {run.stderr[-2000:]}")
     rec = {}
@@ -63,6 +64,8 @@ def service(prio, mode):
         for line in [x for x in run.stdout.splitlines() if x.startswith(kind)][-1:]:
             # nan (an empty group) is kept as null: the record stays strict JSON.
             rec.update({k: None if v == "nan" else float(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
+    rec["slowest"] = [{k: float(v) for k, v in (kv.split("=") for kv in x.split()[1:])}
+                      for x in run.stdout.splitlines() if x.startswith("service_slowest ")]
     return rec
 
 

@@ -10,7 +10,8 @@ ran between its kernels), `outside` (launch to result minus `gpu`: the launch, t
 to switch to us, the synchronize's wake-up). It gives the latency p50/p99 of the requests that
 arrived to an idle service (`fresh_lat_`) and of the others (`queued_lat_`); p50/p99 of each
 part; and the tail, the requests at or above the latency p99: how many, how many of them fresh,
-and the mean of each part over them (`tail_`). nan where a group is empty."""
+and the mean of each part over them (`tail_`). nan where a group is empty. `service_slowest`: the
+three slowest requests, each with its launch's wall time and parts."""
 import random
 import sys
 import time
@@ -52,12 +53,13 @@ while arrival - t0 < secs:
     now = time.monotonic()
     if arrival > now:
         time.sleep(arrival - now)
-    launch = time.monotonic()
+    launch, launch_wall = time.monotonic(), time.time()
     step(ev0, ev1, linger_cycles, sync, linger_end)
     done = time.monotonic()
     gpu = ev0.elapsed_time(ev1)
     lat.append((done - arrival) * 1e3)
-    parts.append(dict(lat=lat[-1], queued=(launch - arrival) * 1e3, gpu=gpu, outside=(done - launch) * 1e3 - gpu, fresh=arrival > now))
+    parts.append(dict(lat=lat[-1], queued=(launch - arrival) * 1e3, gpu=gpu, outside=(done - launch) * 1e3 - gpu, fresh=arrival > now,
+                      at=launch_wall))
 
 
 def pct(xs, q):
@@ -84,3 +86,7 @@ line += f" tail={len(tail)} tail_fresh={sum(x['fresh'] for x in tail)}"
 for k in ("queued", "gpu", "outside"):
     line += f" tail_{k}_ms={avg([x[k] for x in tail]):.3f}"
 print(line, flush=True)
+# The slowest requests, with their launch's wall time (to set beside other logs: a stall).
+for x in sorted(parts, key=lambda x: -x["lat"])[:3]:
+    print(f"service_slowest at_unix={x['at']:.3f} lat_ms={x['lat']:.3f} queued_ms={x['queued']:.3f} "
+          f"gpu_ms={x['gpu']:.3f} outside_ms={x['outside']:.3f} fresh={int(x['fresh'])}", flush=True)

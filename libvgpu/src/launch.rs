@@ -15,6 +15,7 @@ use std::sync::Mutex;
 
 use vgpu_core::limiter::eventclock::EventClock;
 use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, Step, StreamKey};
+use vgpu_core::log::Spent;
 use vgpu_core::MAX_DEVICES;
 
 use crate::caps::{note_launch, CONTENDED, GATE};
@@ -35,14 +36,16 @@ pub(crate) struct GateCounters {
     /// Time launches spent held by the gate (ns).
     pub held_ns: AtomicU64,
     /// With the debug log on: time spent in the gated path before launches (held time
-    /// included), after them, and after synchronizes (ns), and how many synchronizes.
-    pub before_ns: AtomicU64,
-    pub after_ns: AtomicU64,
-    pub sync_ns: AtomicU64,
+    /// included), after them, in the linger's part of synchronizes and after synchronizes,
+    /// each with its longest single stretch; and how many synchronizes.
+    pub before: Spent,
+    pub after: Spent,
+    pub linger: Spent,
+    pub sync: Spent,
     pub syncs: AtomicU64,
     /// Of those, time in the driver's event calls: records, and queries with elapsed times.
-    pub record_ns: AtomicU64,
-    pub query_ns: AtomicU64,
+    pub record: Spent,
+    pub query: Spent,
 }
 pub(crate) static COUNTERS: GateCounters = GateCounters {
     gated: AtomicU64::new(0),
@@ -52,19 +55,20 @@ pub(crate) static COUNTERS: GateCounters = GateCounters {
     record_failed: AtomicU64::new(0),
     lost: AtomicU64::new(0),
     held_ns: AtomicU64::new(0),
-    before_ns: AtomicU64::new(0),
-    after_ns: AtomicU64::new(0),
-    sync_ns: AtomicU64::new(0),
+    before: Spent::new(),
+    after: Spent::new(),
+    linger: Spent::new(),
+    sync: Spent::new(),
     syncs: AtomicU64::new(0),
-    record_ns: AtomicU64::new(0),
-    query_ns: AtomicU64::new(0),
+    record: Spent::new(),
+    query: Spent::new(),
 };
 
 impl GateCounters {
     pub(crate) fn summary(&self) -> String {
         let g = |a: &AtomicU64| a.load(Relaxed);
         format!(
-            "gated={} untracked_stream={} captured={} events={} record_failed={} lost={} held_us={} before_us={} after_us={} syncs={} sync_us={} record_us={} query_us={}",
+            "gated={} untracked_stream={} captured={} events={} record_failed={} lost={} held_us={} {} {} syncs={} {} {} {} {} {}",
             g(&self.gated),
             g(&self.untracked_stream),
             g(&self.captured),
@@ -72,12 +76,14 @@ impl GateCounters {
             g(&self.record_failed),
             g(&self.lost),
             g(&self.held_ns) / 1000,
-            g(&self.before_ns) / 1000,
-            g(&self.after_ns) / 1000,
+            self.before.show("before"),
+            self.after.show("after"),
             g(&self.syncs),
-            g(&self.sync_ns) / 1000,
-            g(&self.record_ns) / 1000,
-            g(&self.query_ns) / 1000
+            self.linger.show("linger"),
+            self.sync.show("sync"),
+            self.record.show("record"),
+            self.query.show("query"),
+            crate::node::WRITES.show("node_write")
         )
     }
 }
@@ -112,7 +118,7 @@ pub fn before_launch(stream: CUstream, ptsz: bool, kind: impl FnOnce() -> u64) -
         note_launch();
         return LaunchTicket::default();
     }
-    timed(&COUNTERS.before_ns, || gated_before(stream, ptsz, kind(), Launcher::Program)).unwrap_or_default()
+    COUNTERS.before.time(|| gated_before(stream, ptsz, kind(), Launcher::Program)).unwrap_or_default()
 }
 
 /// Who launches through the gate.
@@ -129,7 +135,7 @@ enum Launcher {
 #[inline]
 pub fn after_launch(ticket: LaunchTicket, result: i32) {
     if let Some(g) = ticket.gated {
-        timed(&COUNTERS.after_ns, || gated_after(g, result));
+        COUNTERS.after.time(|| gated_after(g, result));
     }
 }
 
@@ -139,7 +145,7 @@ pub fn after_launch(ticket: LaunchTicket, result: i32) {
 /// budget), it is not launched: `CUDA_ERROR_NOT_READY`.
 pub fn gated_one_thread(f: CUfunction, stream: CUstream, params: &mut [*mut std::ffi::c_void]) -> CUresult {
     let ticket = match GATE.load(Relaxed) {
-        true => match timed(&COUNTERS.before_ns, || gated_before(stream, false, 0, Launcher::Spin)) {
+        true => match COUNTERS.before.time(|| gated_before(stream, false, 0, Launcher::Spin)) {
             Some(t) => t,
             None => return CUDA_ERROR_NOT_READY,
         },
@@ -154,20 +160,8 @@ pub fn gated_one_thread(f: CUfunction, stream: CUstream, params: &mut [*mut std:
 #[inline]
 pub fn after_sync() {
     if GATE.load(Relaxed) {
-        timed(&COUNTERS.sync_ns, gated_sync);
+        COUNTERS.sync.time(gated_sync);
     }
-}
-
-/// Run `f`, adding its duration to `total` when the debug log is on (it prints the totals).
-#[inline]
-fn timed<T>(total: &AtomicU64, f: impl FnOnce() -> T) -> T {
-    if !vgpu_core::log::enabled(vgpu_core::log::DEBUG) {
-        return f();
-    }
-    let t0 = vgpu_core::clock::fast_now_ns();
-    let r = f();
-    total.fetch_add(vgpu_core::clock::fast_now_ns().saturating_sub(t0), Relaxed);
-    r
 }
 
 // ---- streams -------------------------------------------------------------------------------
@@ -301,7 +295,7 @@ impl EventClocks {
         let c = self.ctxs.get_mut(ctx)?;
         let ev = c.event()?;
         let recorded_ns = vgpu_core::clock::fast_now_ns();
-        if timed(&COUNTERS.record_ns, || driver::event_record(ev, stream)) == CUDA_SUCCESS {
+        if COUNTERS.record.time(|| driver::event_record(ev, stream)) == CUDA_SUCCESS {
             COUNTERS.events.fetch_add(1, Relaxed);
             return Some(Ev { ev, ctx, recorded_ns, idle });
         }
@@ -321,7 +315,7 @@ impl Events for EventClocks {
     fn poll(&mut self, e: Ev) -> EventState {
         self.relax();
         let Some(c) = self.ctxs.get_mut(e.ctx) else { return EventState::Lost };
-        match timed(&COUNTERS.query_ns, || driver::event_query(e.ev)) {
+        match COUNTERS.query.time(|| driver::event_query(e.ev)) {
             CUDA_SUCCESS => {}
             CUDA_ERROR_NOT_READY => return EventState::Pending,
             _ => {
@@ -330,7 +324,7 @@ impl Events for EventClocks {
             }
         }
         let seen_ns = vgpu_core::clock::fast_now_ns();
-        let Some(ms) = timed(&COUNTERS.query_ns, || driver::event_elapsed_ms(c.anchor, e.ev)) else {
+        let Some(ms) = COUNTERS.query.time(|| driver::event_elapsed_ms(c.anchor, e.ev)) else {
             COUNTERS.lost.fetch_add(1, Relaxed);
             return EventState::Lost;
         };

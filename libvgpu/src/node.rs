@@ -158,11 +158,15 @@ pub(crate) fn hold_now(rt: &Runtime, dev: usize, now: u64) -> bool {
     hold
 }
 
+/// Our entry's writes to the file (the debug log's `node_write_us`): a write on a launch or
+/// synchronize path is a syscall on a file another filesystem may hold up.
+pub(crate) static WRITES: vgpu_core::log::Spent = vgpu_core::log::Spent::new();
+
 fn write_entry(n: &DevNode, f: impl FnOnce(&mut Entry)) {
     let mut e = n.entry.lock().unwrap_or_else(|p| p.into_inner());
     f(&mut e);
     n.declared_ns.store(e.active_until_ns, Relaxed);
-    n.file.write(n.idx, &e);
+    WRITES.time(|| n.file.write(n.idx, &e));
 }
 
 /// We have work queued on `dev` (estimated `queued_est_ns` of GPU time): tell lower priorities.

@@ -4,7 +4,7 @@
 //! Levels follow HAMi's `LIBCUDA_LOG_LEVEL`: 0 errors, 1-2 also warnings/messages (default 2),
 //! 3 also info, 4 also debug.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 pub const ERROR: u8 = 0;
 pub const WARN: u8 = 2;
@@ -20,6 +20,49 @@ pub fn set_level(level: u8) {
 #[inline]
 pub fn enabled(level: u8) -> bool {
     level <= LEVEL.load(Ordering::Relaxed)
+}
+
+/// Time spent in one part of the hook, kept only while the debug log is on (the monitor's
+/// debug lines print it): the total, and the longest single stretch, so that one rare stall
+/// shows beside a small total.
+pub struct Spent {
+    total_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+impl Spent {
+    pub const fn new() -> Self {
+        Spent { total_ns: AtomicU64::new(0), max_ns: AtomicU64::new(0) }
+    }
+
+    /// Run `f`, counting its wall time when the debug log is on.
+    #[inline]
+    pub fn time<T>(&self, f: impl FnOnce() -> T) -> T {
+        if !enabled(DEBUG) {
+            return f();
+        }
+        let t0 = crate::clock::fast_now_ns();
+        let r = f();
+        self.add(crate::clock::fast_now_ns().saturating_sub(t0));
+        r
+    }
+
+    pub fn add(&self, ns: u64) {
+        self.total_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// `NAME_us=TOTAL NAME_max_us=LONGEST`
+    pub fn show(&self, name: &str) -> String {
+        let us = |a: &AtomicU64| a.load(Ordering::Relaxed) / 1000;
+        format!("{name}_us={} {name}_max_us={}", us(&self.total_ns), us(&self.max_ns))
+    }
+}
+
+impl Default for Spent {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Write one line `[libvgpu pid N] LEVEL: msg` with a single `write(2)` so lines from many
@@ -67,5 +110,15 @@ mod tests {
         assert!(enabled(DEBUG));
         set_level(WARN);
         assert!(enabled(WARN) && !enabled(INFO));
+    }
+
+    #[test]
+    fn spent_keeps_the_total_and_the_longest_stretch() {
+        let s = Spent::new();
+        assert_eq!(s.show("sync"), "sync_us=0 sync_max_us=0");
+        for ns in [2_000, 100_450_000, 7_000] {
+            s.add(ns);
+        }
+        assert_eq!(s.show("sync"), "sync_us=100459 sync_max_us=100450");
     }
 }

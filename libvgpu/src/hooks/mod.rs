@@ -108,7 +108,7 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let awaited = $awaited;
-                let counted = $crate::linger::before_sync(&awaited, $crate::launch::gated_one_thread);
+                let counted = $crate::launch::COUNTERS.linger.time(|| $crate::linger::before_sync(&awaited, $crate::launch::gated_one_thread));
                 let r = f($($arg),*);
                 $crate::linger::after_sync(counted);
                 $crate::launch::after_sync();
