@@ -3,7 +3,9 @@ cap), each its own container (own region) sharing one node directory (VGPU_NODE_
 libvgpu. Three runs: the service alone, beside training without priority (both priority 0),
 beside training with priority. Pass: p99 with priority within 10% of alone; training keeps at
 least 80% of the GPU time the service leaves idle (its throughput over its solo throughput
-times (1 - the service's alone utilization)).
+times (1 - the service's alone utilization)); the solo throughput is the mean of the training's
+rate alone before the runs and, in each run, right after the service left (both printed, and the
+ratio against the first alone as `keeps_vs_before`).
 usage: priority.py [SECONDS]   (env DIST; LIBVGPU: another build of the hook to preload; OUT: appends a JSON line to $OUT/priority.jsonl;
 TRAIN: another training command printing `progress t= n=` lines, e.g. "$DIST/samples/test_streams --progress --seconds 600 --us 50
 --sync-every 0", to tell what the training's kernel lengths cost the service's tail; MODES: the runs beside the
@@ -96,7 +98,11 @@ train = trainings(1, "train")
 time.sleep(3)
 t0 = time.monotonic()
 time.sleep(8)
-solo = training_rate(train, t0, time.monotonic())
+t1 = time.monotonic()
+# Rates are read once the progress lines cover the end (one every 250 ms): read at once, the
+# last stretch would count as no progress.
+time.sleep(0.5)
+solo = training_rate(train, t0, t1)
 stop(train, "solo")
 # The service alone: its latency and how busy it keeps the GPU.
 alone = service(0, "alone")
@@ -131,10 +137,22 @@ for mode, train_prio in (("no_priority", 0), ("priority", 1)):
     t0 = time.monotonic()
     beside = service(0, mode)
     t1 = time.monotonic()
-    keep = training_rate(train, t0, t1) / (solo * max(1e-6, 1 - svc_util))
+    # The same training alone again once the service is gone (its entry stale after 0.5 s): its
+    # solo rate drifts between runs (21.9 and 25.7 steps/s on one H200, session 25), so the
+    # baseline is the mean of the rate before and right after, in the same process.
+    time.sleep(1.5)
+    t2 = time.monotonic()
+    time.sleep(8)
+    t3 = time.monotonic()
+    time.sleep(0.5)
+    rate, solo_after = training_rate(train, t0, t1), training_rate(train, t2, t3)
     stop(train, mode)
-    rec[mode] = dict(service=beside, training_keeps=round(keep, 3))
-    print(f"priority partial mode={mode} p50_ms={beside.get('p50_ms')} p99_ms={beside.get('p99_ms')} training_keeps={keep:.3f}", flush=True)
+    idle_share = max(1e-6, 1 - svc_util)
+    keep = rate / ((solo + solo_after) / 2 * idle_share)
+    rec[mode] = dict(service=beside, training_keeps=round(keep, 3), training_steps_per_s=round(rate, 3),
+                     training_solo_after_steps_per_s=round(solo_after, 3), training_keeps_vs_before=round(rate / (solo * idle_share), 3))
+    print(f"priority partial mode={mode} p50_ms={beside.get('p50_ms')} p99_ms={beside.get('p99_ms')} training_keeps={keep:.3f} "
+          f"solo_before={solo:.3f} solo_after={solo_after:.3f} keeps_vs_before={rate / (solo * idle_share):.3f}", flush=True)
 if "priority" in rec:
     p99_ratio = rec["priority"]["service"]["p99_ms"] / alone["p99_ms"]
     rec["ok_p99"] = p99_ratio <= 1.10
