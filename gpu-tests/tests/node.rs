@@ -44,6 +44,14 @@ fn saturating(s: &Scratch, name: &str, prio: u32, sync_every: u32, env: &[(&str,
     c
 }
 
+/// The usual low-priority neighbour (container "lo", priority 1, synchronizing every 10
+/// launches), once it has reported `seconds` seconds of progress.
+fn low_priority_running(s: &Scratch, seconds: u32) -> Bg {
+    let mut low = Bg::spawn(saturating(s, "lo", 1, 10, &[]), "low priority");
+    low.wait_line(&format!("second={seconds} "), Duration::from_secs(10));
+    low
+}
+
 /// Requests of `us` microseconds of GPU time each, `gap_us` apart.
 fn requests(s: &Scratch, name: &str, prio: u32, us: u32, gap_us: u32, seconds: u32, extra: &[&str]) -> Command {
     let mut c = container(s, name, "test_requests", prio, &[]);
@@ -94,8 +102,7 @@ fn high_priority_requests_are_not_delayed_by_a_low_priority_saturating_container
     let alone = alone_p50(2000, 15000);
     let s = Scratch::new("node-prio");
     // Without coordination the low one keeps up to 10 ms queued ahead of every request.
-    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
-    low.wait_line("second=1 ", Duration::from_secs(10));
+    let mut low = low_priority_running(&s, 1);
     let high = Bg::spawn(requests(&s, "hi", 0, 2000, 15000, 4, &[]), "high priority");
     let text = high.finish(Duration::from_secs(20));
     let (p50, p90) = (field(&text, "lat_p50_us"), field(&text, "lat_p90_us"));
@@ -113,8 +120,7 @@ fn high_priority_requests_are_not_delayed_by_a_low_priority_saturating_container
 #[serial(mock_gpu_timing)]
 fn low_priority_holds_while_the_high_priority_one_works_and_resumes_when_it_goes_idle() {
     let s = Scratch::new("node-resume");
-    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
-    low.wait_line("second=2 ", Duration::from_secs(10));
+    let low = low_priority_running(&s, 2);
     let before = mean(&low.rates(Instant::now() - Duration::from_secs(3), Instant::now()), "low rate alone");
     // Busy back to back (5 ms requests, no pause) for 4 s, then idle but alive.
     let mut high = Bg::spawn(requests(&s, "hi", 0, 5000, 0, 4, &["--idle-seconds", "6"]), "high priority");
@@ -617,8 +623,7 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     let (_, alone) = lingering_service(&s, &[], stream_waits);
     // The hook says so at its first spin (info), gated or not.
     assert!(!alone.contains("spins of"), "alone on the GPU, the service lingered\n{alone}");
-    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
-    low.wait_line("second=1 ", Duration::from_secs(10));
+    let mut low = low_priority_running(&s, 1);
     let (out, err) = lingering_service(&s, &[], stream_waits);
     let n = lingers(&err);
     assert!(err.contains("linger: 1 spins of 5000 us queued"), "no first-spin line\n{err}");
@@ -656,8 +661,7 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
 #[serial(mock_gpu_timing)]
 fn a_suspended_lingering_service_synchronizes_without_waiting_for_the_resume() {
     let s = Scratch::new("node-linger-suspend");
-    let mut low = Bg::spawn(saturating(&s, "lo", 1, 10, &[]), "low priority");
-    low.wait_line("second=1 ", Duration::from_secs(10));
+    let mut low = low_priority_running(&s, 1);
     let mut c = container(&s, "hi", "test_requests", 0, &[("VGPU_PRIORITY_LINGER_US", "5000"), ("LIBCUDA_LOG_LEVEL", "4")]);
     // Each request: a 500-us kernel, 400 ms of host pause, then its stream synchronize.
     c.args(["--us", "500", "--gap-us", "20000", "--pause-us", "400000", "--seconds", "3", "--print-each"]);
