@@ -122,6 +122,11 @@ pub fn event_record(ev: CUevent, stream: CUstream) -> CUresult {
     call!(cuEventRecord(ev, stream)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
+/// Wait for `ev`'s work as the context's scheduling flags say (the real call: no linger here).
+pub fn event_synchronize(ev: CUevent) -> CUresult {
+    call!(cuEventSynchronize(ev)).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
 pub fn event_query(ev: CUevent) -> CUresult {
     call!(cuEventQuery(ev)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }

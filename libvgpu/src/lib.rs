@@ -5,7 +5,8 @@
 //! * `sys`: the one list of every driver/NVML entry hooked or called, generating typed slots.
 //! * `driver`: safe wrappers over the slots; `tsg`: this process's channel groups (timeslices).
 //! * `runtime`: per-process state (config, region, slot, devices, ledgers), lazily initialized.
-//! * `node`: the node-level file (this process's entry per GPU, the other containers' priorities).
+//! * `node`: the node-level file (this process's entry per GPU, the other containers' priorities);
+//!   `streams`: the streams the program made, by context (what a context synchronize waits for).
 //! * `caps` → `launch` → `monitor`: the compute limiter (lead-owned); `linger`: a higher
 //!   priority's context kept on the GPU after its synchronizes;
 //!   `physmem` → `memory` → `context`, `meminfo`, `nvml`: the policies the hooks point at.
@@ -33,5 +34,6 @@ pub mod nvml;
 pub mod physmem;
 pub mod real;
 pub mod runtime;
+pub mod streams;
 pub mod sys;
 mod tsg;

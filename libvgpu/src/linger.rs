@@ -82,6 +82,9 @@ struct Slot {
     func: usize,
     stream: usize,
     event: usize,
+    /// Recorded on our stream once it waits for all of a context's work: what an answered
+    /// context synchronize waits for.
+    join: usize,
     /// The slot's word, as the device addresses it.
     word: u64,
 }
@@ -100,8 +103,9 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 static FRESH: AtomicBool = AtomicBool::new(false);
 /// Context synchronizes in progress (between their move and their return).
 static SYNCING: AtomicU32 = AtomicU32::new(0);
-/// Spins queued (the monitor's debug line).
+/// Spins queued, and context synchronizes answered with events (the monitor's debug line).
 pub(crate) static QUEUED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static ANSWERED: AtomicU64 = AtomicU64::new(0);
 
 /// The monitor's tick: device `dev` lingers `linger_us` after each synchronize while a lower
 /// priority shares it and no hard cap bounds it.
@@ -137,31 +141,48 @@ pub type Launch = fn(CUfunction, CUstream, &mut [*mut c_void]) -> CUresult;
 #[inline]
 pub fn before_sync(awaited: &Awaited, launch: Launch) -> Syncing {
     if !ACTIVE.load(Relaxed) {
-        return Syncing(false);
+        return Syncing::default();
     }
     match *awaited {
-        Awaited::Context(_) => {
-            // Counted until it returns: a spin queued meanwhile by another thread is ended by its
-            // own queue (`queue`), since this one's move may have come before it.
+        Awaited::Context(c) => {
+            end_all();
+            let mut answer = None;
+            guarded(|| answer = answer_context(c, launch));
+            if answer.is_some() {
+                return Syncing { counted: false, answer };
+            }
+            // The driver's own: counted until it returns, so that a spin another thread queues
+            // meanwhile ends itself (`spin`), this one's move having perhaps come before it.
             SYNCING.fetch_add(1, SeqCst);
             end_all();
-            return Syncing(true);
+            return Syncing { counted: true, answer: None };
         }
         Awaited::Stream(s, ptsz) => guarded(|| queue(Some((s, ptsz)), None, launch)),
         Awaited::Event(e) => guarded(|| queue(None, Some(e), launch)),
     }
-    Syncing(false)
+    Syncing::default()
 }
 
-/// A context synchronize counted in `SYNCING` (uncounted once it returns).
-pub struct Syncing(bool);
+/// What `before_sync` did: a context synchronize counted in `SYNCING` (uncounted once it
+/// returns), or one it answered itself (the real call is not made).
+#[derive(Default)]
+pub struct Syncing {
+    counted: bool,
+    answer: Option<CUresult>,
+}
 
-/// After a synchronize's real call. A context synchronize queues no spin: on an H200 a spin
-/// queued once it returned made a context-synchronizing service's tail worse beside GPT-2 (the
-/// switch 0.98 and 1.60 ms against 0.29 and 0.53 without; p99 ratio 1.16 and 1.71).
+impl Syncing {
+    /// The synchronize's result, where `before_sync` waited for the work itself.
+    #[inline]
+    pub fn answered(&self) -> Option<CUresult> {
+        self.answer
+    }
+}
+
+/// After a synchronize's real call (or its answer).
 #[inline]
-pub fn after_sync(counted: Syncing) {
-    if counted.0 {
+pub fn after_sync(s: Syncing) {
+    if s.counted {
         SYNCING.fetch_sub(1, SeqCst);
     }
 }
@@ -195,6 +216,7 @@ pub(crate) fn end_spins() {
 /// Context `ctx` is destroyed (before the real call) or gone (a primary context's last release
 /// or reset): end every spin and forget our objects in it, which go with it.
 pub(crate) fn forget(ctx: CUcontext) {
+    crate::streams::forget_context(ctx);
     if !ACTIVE.load(Relaxed) || OFF.load(Relaxed) {
         return;
     }
@@ -227,24 +249,51 @@ fn lock_briefly() -> Option<MutexGuard<'static, [Option<Slot>; SLOTS]>> {
     None
 }
 
-/// Queue a spin behind the awaited stream's work or event (neither: at once), on the current
-/// context's slot.
-fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launch) {
+/// The current context and the spin's length, where this process lingers on the current device
+/// now and has launched since its last spin.
+fn here() -> Option<(u64, u64)> {
     if OFF.load(Relaxed) || !FRESH.load(Relaxed) {
-        return;
+        return None;
     }
-    let Some(rt) = crate::runtime::get() else { return };
-    let Some(ps) = rt.proc_if_ready() else { return };
+    let rt = crate::runtime::get()?;
+    let ps = rt.proc_if_ready()?;
     let ctx = driver::current_context();
     if ctx == 0 {
-        return;
+        return None;
     }
-    let Some(ordinal) = driver::current_device() else { return };
-    let Some(dev) = ps.dev_index(ordinal) else { return };
+    let dev = ps.dev_index(driver::current_device()?)?;
     let ns = SPIN_NS.get(dev).map_or(0, |s| s.load(Relaxed));
-    if ns == 0 {
-        return;
-    }
+    (ns != 0).then_some((ctx, ns))
+}
+
+type Table = MutexGuard<'static, [Option<Slot>; SLOTS]>;
+
+/// The table, held, and `ctx`'s slot in it (made at its first linger); `None` where another
+/// thread of ours holds the table (this synchronize does not wait for it) or `ctx` cannot linger.
+fn slot_of(ctx: u64) -> Option<(Table, usize, Slot)> {
+    // A panic caught while it was held (`guarded`) left the table as it was: go on with it.
+    let mut table = match TABLE.try_lock() {
+        Ok(t) => t,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
+    let pid = std::process::id();
+    let i = match table.iter().position(|e| e.is_some_and(|s| s.pid == pid && s.ctx == ctx as usize)) {
+        Some(i) => i,
+        None => {
+            // A free slot, or one a forked child inherited from its parent.
+            let i = table.iter().position(|e| e.is_none_or(|s| s.pid != pid))?;
+            table[i] = Some(driver::with_relaxed_capture(|| make(i, ctx)));
+            i
+        }
+    };
+    let slot = table[i]?;
+    (slot.func != 0).then_some((table, i, slot))
+}
+
+/// Queue a spin behind the awaited stream's work or event, on the current context's slot.
+fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launch) {
+    let Some((ctx, ns)) = here() else { return };
     let stream = match stream {
         Some((s, ptsz)) => {
             let s = if ptsz && s.is_null() { CU_STREAM_PER_THREAD as CUstream } else { s };
@@ -261,27 +310,8 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
     if event.is_some_and(|e| !matches!(driver::event_query(e), CUDA_SUCCESS | CUDA_ERROR_NOT_READY)) {
         return;
     }
-    // Another thread of ours is queueing one: this synchronize does not wait for it. A panic
-    // caught while it was held (`guarded`) left the table as it was: go on with it.
-    let mut table = match TABLE.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return,
-    };
-    let pid = std::process::id();
-    let i = match table.iter().position(|e| e.is_some_and(|s| s.pid == pid && s.ctx == ctx as usize)) {
-        Some(i) => i,
-        None => {
-            // A free slot, or one a forked child inherited from its parent.
-            let Some(i) = table.iter().position(|e| e.is_none_or(|s| s.pid != pid)) else { return };
-            table[i] = Some(driver::with_relaxed_capture(|| make(i, ctx)));
-            i
-        }
-    };
-    let Some(slot) = table[i] else { return };
-    if slot.func == 0 {
-        return;
-    }
+    // Another thread of ours is queueing one: this synchronize does not wait for it.
+    let Some((_table, i, slot)) = slot_of(ctx) else { return };
     driver::with_relaxed_capture(|| {
         let waited = match (stream, event) {
             (Some(s), _) => match driver::event_record(slot.event as CUevent, s) {
@@ -291,51 +321,97 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
             (None, Some(e)) => driver::stream_wait_event(slot.stream as CUstream, e),
             (None, None) => CUDA_SUCCESS,
         };
-        if waited != CUDA_SUCCESS {
-            return;
-        }
-        FRESH.store(false, Relaxed);
-        // The new spin spins while the word holds `gen`; moving the word to it ends the last one,
-        // now that the next request's work (launched before this synchronize) is queued.
-        let word = &WORDS[i].0[0];
-        let mut gen = next_word(advance(word));
-        let mut ptr = slot.word;
-        let mut len = ns;
-        let mut params = [(&raw mut ptr).cast::<c_void>(), (&raw mut gen).cast(), (&raw mut len).cast()];
-        // Through the gate, as the program's own launches: lower priorities learn the spin is our
-        // work and hold while it runs, and it is timed with them. Ungated, a spin kept nothing (H200,
-        // a stream-synchronizing service beside GPT-2: the tail's switch 0.42 ms, 0.33 without a
-        // spin, 0.15-0.22 gated); its launch is not the program's new work (`FRESH` stays).
-        // Where the gate would hold it, none is launched (`launch::gated_one_thread`).
-        let r = launch(slot.func as CUfunction, slot.stream as CUstream, &mut params);
-        if r == CUDA_SUCCESS {
-            // A context synchronize began meanwhile: its move may have come before ours.
-            if SYNCING.load(SeqCst) > 0 {
-                advance(word);
-            }
-            let n = QUEUED.fetch_add(1, Relaxed) + 1;
-            if n == 1 || n.is_multiple_of(1000) {
-                vgpu_core::info!("linger: {n} spins of {} us queued", ns / 1000);
-            }
+        if waited == CUDA_SUCCESS {
+            spin(i, &slot, ns, launch);
         }
     });
+}
+
+/// A context synchronize answered with events (`streams`): our stream waits for the legacy
+/// stream (ordered after every blocking stream, per-thread default streams included), the
+/// calling thread's per-thread stream and every stream the program made in the context; the spin
+/// is queued behind that, and the caller waits for the join recorded before it, not for the spin
+/// (the real call would: a context-synchronizing service otherwise keeps a switch per queued
+/// request). `None`, the real call made instead: no linger now, `c` not the current context, a
+/// capture in progress (the legacy stream's state says so for every blocking stream), a stream
+/// the list may miss (`streams`), or a record that failed (a sticky error: the real call says it).
+fn answer_context(c: CUcontext, launch: Launch) -> Option<CUresult> {
+    let (ctx, ns) = here()?;
+    if !c.is_null() && c as u64 != ctx {
+        return None;
+    }
+    let (legacy, own) = (CU_STREAM_LEGACY as CUstream, CU_STREAM_PER_THREAD as CUstream);
+    if driver::stream_capture_state(legacy) != Some(false) || driver::stream_capture_state(own) != Some(false) {
+        return None;
+    }
+    let (table, i, slot) = slot_of(ctx)?;
+    let (ev, join, ours) = (slot.event as CUevent, slot.join as CUevent, slot.stream as CUstream);
+    let joined = driver::with_relaxed_capture(|| {
+        // With the list held, none of its streams is destroyed before its record.
+        let waited = crate::streams::with_context_streams(ctx, |made| {
+            [legacy, own].into_iter().chain(made).all(|s| {
+                driver::event_record(ev, s) == CUDA_SUCCESS && driver::stream_wait_event(ours, ev) == CUDA_SUCCESS
+            })
+        })?;
+        if !waited || driver::event_record(join, ours) != CUDA_SUCCESS {
+            return None;
+        }
+        spin(i, &slot, ns, launch);
+        Some(())
+    });
+    // Another thread may record the join again meanwhile: a later record covers this one's work.
+    drop(table);
+    joined?;
+    ANSWERED.fetch_add(1, Relaxed);
+    Some(driver::event_synchronize(join))
+}
+
+/// Launch the spin on slot `i`'s stream (behind what it waits for), ending the one before.
+fn spin(i: usize, slot: &Slot, ns: u64, launch: Launch) {
+    FRESH.store(false, Relaxed);
+    // The new spin spins while the word holds `gen`; moving the word to it ends the last one,
+    // now that the next request's work (launched before this synchronize) is queued.
+    let word = &WORDS[i].0[0];
+    let mut gen = next_word(advance(word));
+    let mut ptr = slot.word;
+    let mut len = ns;
+    let mut params = [(&raw mut ptr).cast::<c_void>(), (&raw mut gen).cast(), (&raw mut len).cast()];
+    // Through the gate, as the program's own launches: lower priorities learn the spin is our
+    // work and hold while it runs, and it is timed with them. Ungated, a spin kept nothing (H200,
+    // a stream-synchronizing service beside GPT-2: the tail's switch 0.42 ms, 0.33 without a
+    // spin, 0.15-0.22 gated); its launch is not the program's new work (`FRESH` stays).
+    // Where the gate would hold it, none is launched (`launch::gated_one_thread`).
+    let r = launch(slot.func as CUfunction, slot.stream as CUstream, &mut params);
+    if r == CUDA_SUCCESS {
+        // A context synchronize began meanwhile: its move may have come before ours.
+        if SYNCING.load(SeqCst) > 0 {
+            advance(word);
+        }
+        let n = QUEUED.fetch_add(1, Relaxed) + 1;
+        if n == 1 || n.is_multiple_of(1000) {
+            vgpu_core::info!("linger: {n} spins of {} us queued", ns / 1000);
+        }
+    }
 }
 
 /// Our objects in the current context `ctx`, on slot `i`; a slot with `func` 0 when one cannot
 /// be made (said once per process: the program runs as without the linger; what was made of
 /// them stays in the context). The first one loads the kernel (the driver compiles the PTX).
 fn make(i: usize, ctx: u64) -> Slot {
-    let mut slot = Slot { pid: std::process::id(), ctx: ctx as usize, func: 0, stream: 0, event: 0, word: 0 };
+    let mut slot = Slot { pid: std::process::id(), ctx: ctx as usize, func: 0, stream: 0, event: 0, join: 0, word: 0 };
     let made = (|| -> Result<_, &str> {
         let m = driver::module_load_data(PTX).ok_or("cannot load its kernel")?;
         let f = driver::module_function(m, c"vgpu_linger").ok_or("no kernel in its module")?;
         let s = driver::stream_create_nonblocking().ok_or("cannot create its stream")?;
         let e = driver::event_create(false).ok_or("cannot create its event")?;
+        let j = driver::event_create(false).ok_or("cannot create its event")?;
         let w = driver::host_register(WORDS[i].0.as_ptr() as *mut c_void, PAGE).ok_or("cannot map its word")?;
-        Ok((f, s, e, w))
+        Ok((f, s, e, j, w))
     })();
     match made {
-        Ok((f, s, e, w)) => (slot.func, slot.stream, slot.event, slot.word) = (f as usize, s as usize, e as usize, w),
+        Ok((f, s, e, j, w)) => {
+            (slot.func, slot.stream, slot.event, slot.join, slot.word) = (f as usize, s as usize, e as usize, j as usize, w)
+        }
         Err(why) => {
             if !WARNED.swap(true, Relaxed) {
                 vgpu_core::warn!("linger: {why}; this context does not linger");

@@ -138,7 +138,12 @@ fn run(rt: &'static Runtime) {
             }
         }
         if GATE.load(Relaxed) {
-            vgpu_core::debug!("launch gate: {} lingers={}", crate::launch::COUNTERS.summary(), crate::linger::QUEUED.load(Relaxed));
+            vgpu_core::debug!(
+                "launch gate: {} lingers={} answered_ctx_syncs={}",
+                crate::launch::COUNTERS.summary(),
+                crate::linger::QUEUED.load(Relaxed),
+                crate::linger::ANSWERED.load(Relaxed)
+            );
         }
         let ext = ps.region.slot_ext(ps.slot);
         let (busy_ns, launches) = policy::totals(&stats);

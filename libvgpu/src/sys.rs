@@ -199,6 +199,15 @@ hooked {
     Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
     Cuda launch(std::ptr::null_mut()) fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize);
 
+    // ---- streams: the ones a context synchronize waits for (`streams`) ---------------------------
+    Cuda policy fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) => streams::create;
+    Cuda policy fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int)
+        => streams::create_with_priority;
+    Cuda policy fn cuGreenCtxStreamCreate(stream: *mut CUstream, green: CUgreenCtx, flags: c_uint, priority: c_int)
+        => streams::green_create;
+    Cuda policy fn cuStreamDestroy(stream: CUstream) => streams::destroy;
+    Cuda policy fn cuStreamDestroy_v2(stream: CUstream) => streams::destroy;
+
     // ---- synchronization ----------------------------------------------------------------------
     Cuda sync(linger::Awaited::Stream(stream, false)) fn cuStreamSynchronize(stream: CUstream);
     Cuda sync(linger::Awaited::Stream(stream, true)) fn cuStreamSynchronize_ptsz(stream: CUstream);
@@ -231,7 +240,6 @@ called {
     Cuda call fn cuCtxFromGreenCtx(pctx: *mut CUcontext, green: CUgreenCtx);
     Cuda call fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice);
     Cuda call fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext);
-    Cuda call fn cuStreamCreate(stream: *mut CUstream, flags: c_uint);
     Cuda call fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int);
     Cuda call fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
     Cuda call fn cuEventCreate(event: *mut CUevent, flags: c_uint);

@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["sys"],                                   // the one list: typed real-function slots
     &["driver", "tsg"],                         // safe wrappers over the slots; channel groups
     &["runtime"],                               // per-process state: config, region, slot, devices, ledgers
-    &["node"],                                  // node-level file: priorities of the containers on a GPU
+    &["node", "streams"],                       // node-level file: priorities of the containers on a GPU; the program's streams
     &["caps", "physmem", "linger"],             // gate flags and caps; reservations, VMM, pools, graphs; linger
     &["launch", "memory"],                      // the launch gate; allocations and frees
     &["monitor", "context", "meminfo", "nvml"], // the monitor thread; contexts; virtual meminfo / NVML

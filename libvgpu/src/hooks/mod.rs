@@ -15,8 +15,9 @@
 //!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
 //! * `sync(awaited)`: `linger::before_sync` (queues or ends a linger, its spin launched by
-//!   `launch::gated_one_thread`: one atomic load when there is none), real call,
-//!   `linger::after_sync`, then `launch::after_sync()` and `physmem::after_sync()`.
+//!   `launch::gated_one_thread`: one atomic load when there is none), the real call (unless the
+//!   linger answered a context synchronize with events), `linger::after_sync`, then
+//!   `launch::after_sync()` and `physmem::after_sync()`.
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
 //! symbol does not exist in the loaded driver.
@@ -108,9 +109,13 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let awaited = $awaited;
-                let counted = $crate::launch::COUNTERS.linger.time(|| $crate::linger::before_sync(&awaited, $crate::launch::gated_one_thread));
-                let r = f($($arg),*);
-                $crate::linger::after_sync(counted);
+                let syncing = $crate::launch::COUNTERS.linger.time(|| $crate::linger::before_sync(&awaited, $crate::launch::gated_one_thread));
+                // A context synchronize the linger answered with events: the work is done.
+                let r = match syncing.answered() {
+                    Some(r) => r,
+                    None => f($($arg),*),
+                };
+                $crate::linger::after_sync(syncing);
                 $crate::launch::after_sync();
                 $crate::physmem::after_sync();
                 r

@@ -5,7 +5,7 @@
 
 #[allow(unused_imports)]
 use crate::ffi::*;
-use crate::{context, linger, memory, meminfo, nvml, physmem};
+use crate::{context, linger, memory, meminfo, nvml, physmem, streams};
 #[allow(unused_imports)]
 use std::ffi::{c_char, c_int, c_uint, c_void};
 

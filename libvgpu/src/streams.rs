@@ -1,0 +1,130 @@
+//! The streams the program created, by context: what a context synchronize waits for beyond the
+//! legacy stream (which orders after every blocking stream, per-thread default streams included).
+//! `linger` answers a lingering service's context synchronize with events on these and queues its
+//! spin behind them, so that the synchronize does not wait for the spin, as a real one would.
+//! Kept from every process's first stream on, whatever its limits (a service may start to linger
+//! long after it made its streams); a creation or a destroy takes a lock, briefly.
+//!
+//! Where the list may miss a stream (a green context's stream, which a context synchronize also
+//! waits for; a creation with no current context; more streams than the list holds; the lock
+//! unavailable at a destroy, which would leave a dead handle in it), it is `incomplete` for the
+//! rest of the process, and context synchronizes are the driver's own.
+
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use crate::driver;
+use crate::ffi::*;
+use crate::runtime::Runtime;
+use crate::sys::sig;
+
+/// Live streams the list holds at most (PyTorch's pools make 32 per priority and device).
+const MAX_STREAMS: usize = 1024;
+
+struct Known {
+    /// The process these are of: a forked child starts with none (its parent's are not its own).
+    pid: u32,
+    /// (context, stream) as integers.
+    streams: Vec<(u64, u64)>,
+}
+static KNOWN: Mutex<Known> = Mutex::new(Known { pid: 0, streams: Vec::new() });
+static INCOMPLETE: AtomicBool = AtomicBool::new(false);
+
+/// The list, tried a bounded number of times (its holders do no more than a few event calls).
+fn lock() -> Option<MutexGuard<'static, Known>> {
+    for _ in 0..100_000 {
+        match KNOWN.try_lock() {
+            Ok(k) => return Some(own(k)),
+            Err(TryLockError::Poisoned(p)) => return Some(own(p.into_inner())),
+            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
+fn own(mut k: MutexGuard<'static, Known>) -> MutexGuard<'static, Known> {
+    let pid = std::process::id();
+    if k.pid != pid {
+        k.pid = pid;
+        k.streams.clear();
+    }
+    k
+}
+
+fn incomplete(why: &str) {
+    if !INCOMPLETE.swap(true, Relaxed) {
+        vgpu_core::debug!("streams: {why}; context synchronizes are the driver's from now on");
+    }
+}
+
+/// A stream the program created in the current context.
+fn note(stream: CUstream) {
+    let ctx = driver::current_context();
+    if ctx == 0 {
+        return incomplete("a stream made with no current context");
+    }
+    let Some(mut k) = lock() else { return incomplete("the stream list stayed locked at a creation") };
+    if k.streams.len() >= MAX_STREAMS {
+        drop(k);
+        return incomplete("more live streams than the list holds");
+    }
+    k.streams.push((ctx, stream as u64));
+}
+
+pub unsafe fn create(_rt: &'static Runtime, real: sig::cuStreamCreate, ps: *mut CUstream, flags: c_uint) -> CUresult {
+    let r = real(ps, flags);
+    if r == CUDA_SUCCESS && !ps.is_null() {
+        note(*ps);
+    }
+    r
+}
+
+pub unsafe fn create_with_priority(_rt: &'static Runtime, real: sig::cuStreamCreateWithPriority, ps: *mut CUstream, flags: c_uint,
+    priority: c_int) -> CUresult {
+    let r = real(ps, flags, priority);
+    if r == CUDA_SUCCESS && !ps.is_null() {
+        note(*ps);
+    }
+    r
+}
+
+/// A green context's stream: a context synchronize waits for it too, and the list does not follow
+/// green contexts.
+pub unsafe fn green_create(_rt: &'static Runtime, real: sig::cuGreenCtxStreamCreate, ps: *mut CUstream, green: CUgreenCtx,
+    flags: c_uint, priority: c_int) -> CUresult {
+    let r = real(ps, green, flags, priority);
+    if r == CUDA_SUCCESS {
+        incomplete("a green context's stream");
+    }
+    r
+}
+
+/// Forgotten before the real destroy: a context synchronize answered meanwhile records on the
+/// streams with the list locked, so none records on this one once the driver has let it go.
+pub unsafe fn destroy(_rt: &'static Runtime, real: sig::cuStreamDestroy_v2, stream: CUstream) -> CUresult {
+    match lock() {
+        Some(mut k) => k.streams.retain(|&(_, s)| s != stream as u64),
+        None => incomplete("the stream list stayed locked at a destroy"),
+    }
+    real(stream)
+}
+
+/// Context `ctx` is gone, and its streams with it.
+pub(crate) fn forget_context(ctx: CUcontext) {
+    match lock() {
+        Some(mut k) => k.streams.retain(|&(c, _)| c != ctx as u64),
+        None => incomplete("the stream list stayed locked at a context's end"),
+    }
+}
+
+/// Run `f` on the streams the program made in `ctx`, none of them destroyed until it returns;
+/// `None` where the list may miss one.
+pub(crate) fn with_context_streams<T>(ctx: u64, f: impl FnOnce(&mut dyn Iterator<Item = CUstream>) -> T) -> Option<T> {
+    if INCOMPLETE.load(Relaxed) {
+        return None;
+    }
+    let k = lock()?;
+    let mut it = k.streams.iter().filter(|&&(c, _)| c == ctx).map(|&(_, s)| s as CUstream);
+    Some(f(&mut it))
+}
