@@ -21,7 +21,10 @@
  *   --side-us US       each request also runs a kernel of US microseconds on a second stream
  *                      (non-blocking, made by the program); with --ctx-only the context
  *                      synchronize must wait for it: `side_unfinished=N` at the end counts the
- *                      synchronizes after which it had not completed (cuStreamQuery)
+ *                      synchronizes after which it had not completed (cuStreamQuery), and
+ *                      `side_early=N` those that returned sooner than US after its launch
+ *   --side-destroy     make the second stream for each request and destroy it right after its
+ *                      launch (its work still runs; a context synchronize still waits for it)
  *
  * Output: each second `second=K requests=N p50_us=X max_us=Y`; after serving `requests=N
  * lat_p50_us= lat_p90_us= lat_p99_us= lat_max_us=`, then `idle=1` when it stops launching.
@@ -50,6 +53,7 @@ int main(int argc, char **argv)
     double us = 2000.0, gap_us = 20000.0;
     double pause_us = 0, side_us = 0;
     int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0, ctx_only = 0;
+    int side_destroy = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
@@ -62,6 +66,7 @@ int main(int argc, char **argv)
         {"--extra-syncs", OPT_INT, &extra_syncs, "synchronize each request's stream N more times"},
         {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {"--side-us", OPT_DOUBLE, &side_us, "also run a kernel of US on a second, non-blocking stream"},
+        {"--side-destroy", OPT_FLAG, &side_destroy, "make and destroy the second stream each request"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Timed requests: one kernel + synchronize each; report latencies.");
@@ -76,8 +81,8 @@ int main(int argc, char **argv)
     uint64_t cycles = spin_cycles(&g, us);
     CUstream side = NULL;
     uint64_t side_cycles = side_us > 0 ? spin_cycles(&g, side_us) : 0;
-    int side_unfinished = 0;
-    if (side_us > 0)
+    int side_unfinished = 0, side_early = 0;
+    if (side_us > 0 && !side_destroy)
         CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
     /* Warm-up request (first launch costs). */
     CHECK(launch_spin(&g, &k, cycles, s));
@@ -94,8 +99,15 @@ int main(int argc, char **argv)
     while (!stop_requested && now_ns() - t_start < (uint64_t)seconds * 1000000000ull && n < cap) {
         uint64_t t0 = now_ns();
         CHECK(launch_spin(&g, &k, cycles, s));
+        uint64_t side_t0 = now_ns();
+        if (side_us > 0 && side_destroy)
+            CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
         if (side)
             CHECK(launch_spin(&g, &k, side_cycles, side));
+        if (side && side_destroy) {
+            CHECK(cuStreamDestroy_v2(side));
+            side = NULL;
+        }
         if (pause_us > 0)
             sleep_ns((uint64_t)(pause_us * 1000.0));
         uint64_t s0 = now_ns();
@@ -103,6 +115,8 @@ int main(int argc, char **argv)
         double sync_us = (double)(now_ns() - s0) / 1000.0;
         if (side && ctx_only && cuStreamQuery(side) != CUDA_SUCCESS)
             side_unfinished++;
+        if (side_us > 0 && ctx_only && (double)(now_ns() - side_t0) / 1000.0 < side_us)
+            side_early++;
         lat[n++] = (double)(now_ns() - t0) / 1000.0;
         for (int i = 0; i < extra_syncs; i++)
             CHECK(cuStreamSynchronize(s));
@@ -134,8 +148,8 @@ int main(int argc, char **argv)
         qsort(ctx_us, n, sizeof(double), cmp_double);
         out("ctx_sync_p90_us=%.0f ctx_sync_max_us=%.0f\n", pct(ctx_us, n, 0.9), n ? ctx_us[n - 1] : 0.0);
     }
-    if (side)
-        out("side_unfinished=%d\n", side_unfinished);
+    if (side_us > 0)
+        out("side_unfinished=%d side_early=%d\n", side_unfinished, side_early);
     out("idle=1\n");
     uint64_t t_idle = now_ns();
     while (!stop_requested && now_ns() - t_idle < (uint64_t)idle_seconds * 1000000000ull)

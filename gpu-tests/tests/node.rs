@@ -656,6 +656,10 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     assert_eq!(field(&out, "side_unfinished"), 0.0, "a context synchronize returned before the second stream's kernel completed\n{out}");
     let p90 = field(&out, "lat_p90_us");
     assert!(p90 < 4000.0, "a context-synchronizing request took {p90:.0} us (p90): it waited for the 5-ms spin\n{out}");
+    // The second stream destroyed right after its launch each request: its kernel still runs,
+    // and every context synchronize still waits for it.
+    let (out, _) = lingering_service(&s, &[], &["--ctx-only", "--side-us", "1500", "--side-destroy"]);
+    assert_eq!(field(&out, "side_early"), 0.0, "a context synchronize returned before a destroyed stream's kernel could have ended\n{out}");
     let (_, capped) = lingering_service(&s, &[("CUDA_DEVICE_SM_LIMIT", "90")], stream_waits);
     assert!(!capped.contains("spins of"), "under a hard cap the service lingered\n{capped}");
     assert!(low.alive(), "the low-priority container died\n{}", low.text());

@@ -242,6 +242,8 @@ pub unsafe fn ctx_destroy(rt: &'static Runtime, real: sig::cuCtxDestroy_v2, ctx:
 
 pub unsafe fn green_create(rt: &'static Runtime, real: sig::cuGreenCtxCreate, pctx: *mut CUgreenCtx, desc: CUdevResourceDesc,
     dev: CUdevice, flags: c_uint) -> CUresult {
+    // A context synchronize waits for a green context's work, which `streams` does not follow.
+    crate::streams::green_context_made();
     let Some(ps) = rt.proc() else { return real(pctx, desc, dev, flags) };
     let Some(d) = ps.dev_index(dev) else { return real(pctx, desc, dev, flags) };
     if pctx.is_null() {

@@ -122,7 +122,13 @@ pub fn event_record(ev: CUevent, stream: CUstream) -> CUresult {
     call!(cuEventRecord(ev, stream)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
-/// Wait for `ev`'s work as the context's scheduling flags say (the real call: no linger here).
+/// Whether `stream`'s work is all done (`CUDA_SUCCESS`; `CUDA_ERROR_NOT_READY`: not yet).
+pub fn stream_query(stream: CUstream) -> CUresult {
+    call!(cuStreamQuery(stream)).unwrap_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// Wait for `ev`'s work (the real call: no linger here). Our events are made without
+/// `CU_EVENT_BLOCKING_SYNC`: the wait polls, where a context made for blocking waits would sleep.
 pub fn event_synchronize(ev: CUevent) -> CUresult {
     call!(cuEventSynchronize(ev)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }

@@ -341,17 +341,16 @@ fn answer_context(c: CUcontext, launch: Launch) -> Option<CUresult> {
         return None;
     }
     let (legacy, own) = (CU_STREAM_LEGACY as CUstream, CU_STREAM_PER_THREAD as CUstream);
-    if driver::stream_capture_state(legacy) != Some(false) || driver::stream_capture_state(own) != Some(false) {
-        return None;
-    }
     let (table, i, slot) = slot_of(ctx)?;
     let (ev, join, ours) = (slot.event as CUevent, slot.join as CUevent, slot.stream as CUstream);
     let joined = driver::with_relaxed_capture(|| {
         // With the list held, none of its streams is destroyed before its record.
         let waited = crate::streams::with_context_streams(ctx, |made| {
-            [legacy, own].into_iter().chain(made).all(|s| {
-                driver::event_record(ev, s) == CUDA_SUCCESS && driver::stream_wait_event(ours, ev) == CUDA_SUCCESS
-            })
+            // A stream being captured: our record would become a node of the program's graph,
+            // and our stream would join the capture.
+            let all = || [legacy, own].into_iter().chain(made.iter().copied());
+            all().all(|s| driver::stream_capture_state(s) == Some(false))
+                && all().all(|s| driver::event_record(ev, s) == CUDA_SUCCESS && driver::stream_wait_event(ours, ev) == CUDA_SUCCESS)
         })?;
         if !waited || driver::event_record(join, ours) != CUDA_SUCCESS {
             return None;

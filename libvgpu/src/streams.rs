@@ -89,8 +89,8 @@ pub unsafe fn create_with_priority(_rt: &'static Runtime, real: sig::cuStreamCre
     r
 }
 
-/// A green context's stream: a context synchronize waits for it too, and the list does not follow
-/// green contexts.
+/// A green context's stream (`green_context_made` has made the list incomplete already, where
+/// the context was made through the hook).
 pub unsafe fn green_create(_rt: &'static Runtime, real: sig::cuGreenCtxStreamCreate, ps: *mut CUstream, green: CUgreenCtx,
     flags: c_uint, priority: c_int) -> CUresult {
     let r = real(ps, green, flags, priority);
@@ -101,13 +101,28 @@ pub unsafe fn green_create(_rt: &'static Runtime, real: sig::cuGreenCtxStreamCre
 }
 
 /// Forgotten before the real destroy: a context synchronize answered meanwhile records on the
-/// streams with the list locked, so none records on this one once the driver has let it go.
+/// streams with the list locked, so none records on this one once the driver has let it go. A
+/// destroy returns at once and the stream's queued work still runs, which a context synchronize
+/// waits for: where it has work queued, the list is incomplete from then on.
 pub unsafe fn destroy(_rt: &'static Runtime, real: sig::cuStreamDestroy_v2, stream: CUstream) -> CUresult {
     match lock() {
-        Some(mut k) => k.streams.retain(|&(_, s)| s != stream as u64),
+        Some(mut k) => {
+            let n = k.streams.len();
+            k.streams.retain(|&(_, s)| s != stream as u64);
+            if k.streams.len() != n && driver::stream_query(stream) != CUDA_SUCCESS {
+                drop(k);
+                incomplete("a stream destroyed with work queued");
+            }
+        }
         None => incomplete("the stream list stayed locked at a destroy"),
     }
     real(stream)
+}
+
+/// A green context: a context synchronize waits for its work too, and the list does not follow
+/// green contexts (their streams, or their own default stream).
+pub(crate) fn green_context_made() {
+    incomplete("a green context");
 }
 
 /// Context `ctx` is gone, and its streams with it.
@@ -120,11 +135,11 @@ pub(crate) fn forget_context(ctx: CUcontext) {
 
 /// Run `f` on the streams the program made in `ctx`, none of them destroyed until it returns;
 /// `None` where the list may miss one.
-pub(crate) fn with_context_streams<T>(ctx: u64, f: impl FnOnce(&mut dyn Iterator<Item = CUstream>) -> T) -> Option<T> {
+pub(crate) fn with_context_streams<T>(ctx: u64, f: impl FnOnce(&[CUstream]) -> T) -> Option<T> {
     if INCOMPLETE.load(Relaxed) {
         return None;
     }
     let k = lock()?;
-    let mut it = k.streams.iter().filter(|&&(c, _)| c == ctx).map(|&(_, s)| s as CUstream);
-    Some(f(&mut it))
+    let made: Vec<CUstream> = k.streams.iter().filter(|&&(c, _)| c == ctx).map(|&(_, s)| s as CUstream).collect();
+    Some(f(&made))
 }

@@ -241,6 +241,7 @@ called {
     Cuda call fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice);
     Cuda call fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext);
     Cuda call fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int);
+    Cuda call fn cuStreamQuery(stream: CUstream);
     Cuda call fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
     Cuda call fn cuEventCreate(event: *mut CUevent, flags: c_uint);
     Cuda call fn cuEventRecord(event: CUevent, stream: CUstream);

@@ -42,6 +42,9 @@ pub struct Ctx {
     /// Memory the context gained at its first module load (`MOCK_GPU_CTX_GROWTH`).
     pub grown: u64,
     pub default_stream: Stream,
+    /// When the work of its destroyed streams ends: a destroy returns at once, the work still
+    /// runs, and a context synchronize waits for it (as on a GPU).
+    pub destroyed_until: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -283,7 +286,7 @@ impl Proc {
         }
         st.add_context(d, 1);
         let c = self.handle(0xC7);
-        self.ctxs.insert(c, Ctx { dev: d, primary, grown: 0, default_stream: Stream { ctx: c, ..Default::default() } });
+        self.ctxs.insert(c, Ctx { dev: d, primary, grown: 0, default_stream: Stream { ctx: c, ..Default::default() }, destroyed_until: 0 });
         Ok(c)
     }
 
@@ -647,7 +650,7 @@ impl Proc {
 
     /// When all work of context `c` ends (its spins included, as far as their words tell now).
     pub fn ctx_idle_at(&self, c: u64) -> u64 {
-        let own = self.ctxs.get(&c).map_or(0, |x| x.default_stream.last_end);
+        let own = self.ctxs.get(&c).map_or(0, |x| x.default_stream.last_end.max(x.destroyed_until));
         let streams = self.streams.values().filter(|s| s.ctx == c).map(|s| s.last_end).fold(own, u64::max);
         self.lingers.iter().filter(|l| l.ctx == c).map(Linger::ends_at).fold(streams, u64::max)
     }

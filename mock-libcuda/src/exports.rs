@@ -1079,7 +1079,14 @@ driver_exports! {
         stream_create(ps, flags)
     }
     "cuStreamDestroy" @ 4000 => fn cuStreamDestroy_v2(stream: Handle) {
-        run(|p, _| p.streams.remove(&(stream as u64)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE))
+        run(|p, _| {
+            let gone = p.streams.remove(&(stream as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            // Its queued work still runs, and a context synchronize still waits for it.
+            if let Some(c) = p.ctxs.get_mut(&gone.ctx) {
+                c.destroyed_until = c.destroyed_until.max(gone.last_end);
+            }
+            Ok(())
+        })
     }
     "cuStreamSynchronize" @ 2000 / 7000 cuStreamSynchronize_ptsz => fn cuStreamSynchronize (stream: Handle) {
         stream_sync(stream)
