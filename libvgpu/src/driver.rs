@@ -110,11 +110,26 @@ pub fn restore_capture(prev: Option<c_int>) {
     }
 }
 
+const CU_EVENT_BLOCKING_SYNC: c_uint = 1;
+const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+
 /// An event in the current context, timing or not.
 pub fn event_create(timing: bool) -> Option<CUevent> {
-    const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+    event_with_flags(if timing { 0 } else { CU_EVENT_DISABLE_TIMING })
+}
+
+/// An untimed event to wait on as the current context's own synchronize would: sleeping where
+/// the context was made for blocking waits (`CU_CTX_SCHED_BLOCKING_SYNC`), polling otherwise.
+pub fn event_create_for_waiting() -> Option<CUevent> {
+    const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 4;
+    let mut flags: c_uint = 0;
+    let blocking = call!(cuCtxGetFlags(&mut flags)) == Some(CUDA_SUCCESS) && flags & CU_CTX_SCHED_BLOCKING_SYNC != 0;
+    event_with_flags(CU_EVENT_DISABLE_TIMING | if blocking { CU_EVENT_BLOCKING_SYNC } else { 0 })
+}
+
+fn event_with_flags(flags: c_uint) -> Option<CUevent> {
     let mut e: CUevent = std::ptr::null_mut();
-    let r = call!(cuEventCreate(&mut e, if timing { 0 } else { CU_EVENT_DISABLE_TIMING }))?;
+    let r = call!(cuEventCreate(&mut e, flags))?;
     (r == CUDA_SUCCESS).then_some(e)
 }
 
@@ -127,8 +142,7 @@ pub fn stream_query(stream: CUstream) -> CUresult {
     call!(cuStreamQuery(stream)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }
 
-/// Wait for `ev`'s work (the real call: no linger here). Our events are made without
-/// `CU_EVENT_BLOCKING_SYNC`: the wait polls, where a context made for blocking waits would sleep.
+/// Wait for `ev`'s work (the real call: no linger here).
 pub fn event_synchronize(ev: CUevent) -> CUresult {
     call!(cuEventSynchronize(ev)).unwrap_or(CUDA_ERROR_NOT_FOUND)
 }

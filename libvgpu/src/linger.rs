@@ -403,7 +403,7 @@ fn make(i: usize, ctx: u64) -> Slot {
         let f = driver::module_function(m, c"vgpu_linger").ok_or("no kernel in its module")?;
         let s = driver::stream_create_nonblocking().ok_or("cannot create its stream")?;
         let e = driver::event_create(false).ok_or("cannot create its event")?;
-        let j = driver::event_create(false).ok_or("cannot create its event")?;
+        let j = driver::event_create_for_waiting().ok_or("cannot create its event")?;
         let w = driver::host_register(WORDS[i].0.as_ptr() as *mut c_void, PAGE).ok_or("cannot map its word")?;
         Ok((f, s, e, j, w))
     })();

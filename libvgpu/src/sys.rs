@@ -235,6 +235,7 @@ called {
     Cuda call fn cuCtxGetDevice(dev: *mut CUdevice);
     Cuda call fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext);
     Cuda call fn cuCtxGetCurrent(pctx: *mut CUcontext);
+    Cuda call fn cuCtxGetFlags(flags: *mut c_uint);
     Cuda call fn cuCtxPushCurrent_v2(ctx: CUcontext);
     Cuda call fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
     Cuda call fn cuCtxFromGreenCtx(pctx: *mut CUcontext, green: CUgreenCtx);
