@@ -25,6 +25,8 @@
  *                      `side_early=N` those that returned sooner than US after its launch
  *   --side-destroy     make the second stream for each request and destroy it right after its
  *                      launch (its work still runs; a context synchronize still waits for it)
+ *   --wait-value       once, before serving, make the stream wait on the GPU for a value that
+ *                      is already there (cuStreamWaitValue32; "not supported" is ignored)
  *
  * Output: each second `second=K requests=N p50_us=X max_us=Y`; after serving `requests=N
  * lat_p50_us= lat_p90_us= lat_p99_us= lat_max_us=`, then `idle=1` when it stops launching.
@@ -53,7 +55,7 @@ int main(int argc, char **argv)
     double us = 2000.0, gap_us = 20000.0;
     double pause_us = 0, side_us = 0;
     int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0, ctx_only = 0;
-    int side_destroy = 0;
+    int side_destroy = 0, wait_value = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
@@ -67,6 +69,7 @@ int main(int argc, char **argv)
         {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {"--side-us", OPT_DOUBLE, &side_us, "also run a kernel of US on a second, non-blocking stream"},
         {"--side-destroy", OPT_FLAG, &side_destroy, "make and destroy the second stream each request"},
+        {"--wait-value", OPT_FLAG, &wait_value, "once, make the stream wait on the GPU for a value already there"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
     parse_opts(argc, argv, opts, "Timed requests: one kernel + synchronize each; report latencies.");
@@ -84,6 +87,16 @@ int main(int argc, char **argv)
     int side_unfinished = 0, side_early = 0;
     if (side_us > 0 && !side_destroy)
         CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    if (wait_value) {
+        CUdeviceptr word;
+        CHECK(cuMemAlloc_v2(&word, 4));
+        CHECK(cuMemsetD32_v2(word, 0, 1));
+        CUresult r = cuStreamWaitValue32_v2(s, word, 0, CU_STREAM_WAIT_VALUE_GEQ);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED)
+            CHECK(r);
+        CHECK(cuStreamSynchronize(s));
+        CHECK(cuMemFree_v2(word));
+    }
     /* Warm-up request (first launch costs). */
     CHECK(launch_spin(&g, &k, cycles, s));
     CHECK(cuStreamSynchronize(s));

@@ -75,6 +75,8 @@ typedef enum CUdevice_attribute_enum {
 /* cuStreamCreate flags */
 #define CU_STREAM_DEFAULT 0x0
 #define CU_STREAM_NON_BLOCKING 0x1
+/* cuStreamWaitValue32 flags */
+#define CU_STREAM_WAIT_VALUE_GEQ 0x0
 
 typedef enum CUarray_format_enum {
     CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
@@ -245,6 +247,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuStreamSynchronize, (CUstream hStream)) \
     X(CUresult, cuStreamCreateWithPriority, (CUstream *phStream, unsigned int flags, int priority)) \
     X(CUresult, cuStreamQuery, (CUstream hStream)) \
+    X(CUresult, cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)) \
     X(CUresult, cuEventCreate, (CUevent *phEvent, unsigned int Flags)) \
     X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream)) \
     X(CUresult, cuEventSynchronize, (CUevent hEvent)) \

@@ -660,6 +660,10 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     // and every context synchronize still waits for it.
     let (out, _) = lingering_service(&s, &[], &["--ctx-only", "--side-us", "1500", "--side-destroy"]);
     assert_eq!(field(&out, "side_early"), 0.0, "a context synchronize returned before a destroyed stream's kernel could have ended\n{out}");
+    // A stream that once waited on the GPU for a value: such a wait could hang behind the legacy
+    // stream's record, so every context synchronize is the driver's own.
+    let (_, err) = lingering_service(&s, &[], &["--ctx-only", "--wait-value"]);
+    assert_eq!(field(&err, "answered_ctx_syncs"), 0.0, "a context synchronize was answered after a GPU-side wait on a value\n{err}");
     let (_, capped) = lingering_service(&s, &[("CUDA_DEVICE_SM_LIMIT", "90")], stream_waits);
     assert!(!capped.contains("spins of"), "under a hard cap the service lingered\n{capped}");
     assert!(low.alive(), "the low-priority container died\n{}", low.text());

@@ -100,6 +100,34 @@ pub unsafe fn green_create(_rt: &'static Runtime, real: sig::cuGreenCtxStreamCre
     r
 }
 
+/// A stream made to wait on the GPU for a value in memory (or a batch of memory operations,
+/// which may hold such waits). Such a wait may depend on work queued later on another blocking
+/// stream, which the legacy stream's record of an answered context synchronize would order
+/// behind it: a deadlock on the GPU the real call does not have. From then on the real call.
+fn waits_on_values() {
+    if !INCOMPLETE.load(Relaxed) {
+        incomplete("a stream waits on the GPU for a value");
+    }
+}
+
+pub unsafe fn wait_value32(_rt: &'static Runtime, real: sig::cuStreamWaitValue32_v2, stream: CUstream, addr: CUdeviceptr,
+    value: u32, flags: c_uint) -> CUresult {
+    waits_on_values();
+    real(stream, addr, value, flags)
+}
+
+pub unsafe fn wait_value64(_rt: &'static Runtime, real: sig::cuStreamWaitValue64_v2, stream: CUstream, addr: CUdeviceptr,
+    value: cuuint64_t, flags: c_uint) -> CUresult {
+    waits_on_values();
+    real(stream, addr, value, flags)
+}
+
+pub unsafe fn batch_mem_op(_rt: &'static Runtime, real: sig::cuStreamBatchMemOp_v2, stream: CUstream, count: c_uint,
+    ops: *mut std::ffi::c_void, flags: c_uint) -> CUresult {
+    waits_on_values();
+    real(stream, count, ops, flags)
+}
+
 /// Forgotten before the real destroy: a context synchronize answered meanwhile records on the
 /// streams with the list locked, so none records on this one once the driver has let it go. A
 /// destroy returns at once and the stream's queued work still runs, which a context synchronize

@@ -207,6 +207,22 @@ hooked {
         => streams::green_create;
     Cuda policy fn cuStreamDestroy(stream: CUstream) => streams::destroy;
     Cuda policy fn cuStreamDestroy_v2(stream: CUstream) => streams::destroy;
+    Cuda policy fn cuStreamWaitValue32(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) => streams::wait_value32;
+    Cuda policy fn cuStreamWaitValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint)
+        => streams::wait_value32;
+    Cuda policy fn cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint)
+        => streams::wait_value32;
+    Cuda policy fn cuStreamWaitValue64(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint)
+        => streams::wait_value64;
+    Cuda policy fn cuStreamWaitValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint)
+        => streams::wait_value64;
+    Cuda policy fn cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint)
+        => streams::wait_value64;
+    Cuda policy fn cuStreamBatchMemOp(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) => streams::batch_mem_op;
+    Cuda policy fn cuStreamBatchMemOp_ptsz(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint)
+        => streams::batch_mem_op;
+    Cuda policy fn cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint)
+        => streams::batch_mem_op;
 
     // ---- synchronization ----------------------------------------------------------------------
     Cuda sync(linger::Awaited::Stream(stream, false)) fn cuStreamSynchronize(stream: CUstream);

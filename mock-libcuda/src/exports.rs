@@ -1091,6 +1091,10 @@ driver_exports! {
     "cuStreamSynchronize" @ 2000 / 7000 cuStreamSynchronize_ptsz => fn cuStreamSynchronize (stream: Handle) {
         stream_sync(stream)
     }
+    "cuStreamWaitValue32" @ 11070 => fn cuStreamWaitValue32_v2(_stream: Handle, _addr: CUdeviceptr, _value: u32, _flags: c_uint) {
+        // Stream memory operations are not simulated: the mock is a GPU without them.
+        CUDA_ERROR_NOT_SUPPORTED
+    }
     "cuStreamQuery" @ 2000 / 7000 cuStreamQuery_ptsz => fn cuStreamQuery (stream: Handle) {
         stream_query(stream)
     }
