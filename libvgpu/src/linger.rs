@@ -18,7 +18,7 @@ use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 
-use vgpu_core::policy::linger::{next_word, spin_ns};
+use vgpu_core::policy::linger::{next_word, note_gap, spin_ns, spin_pays};
 use vgpu_core::MAX_DEVICES;
 
 use crate::driver;
@@ -101,6 +101,13 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 /// process is on): a synchronize with nothing new behind it does not linger, or a loop of
 /// synchronizes would hold the GPU on spins alone.
 static FRESH: AtomicBool = AtomicBool::new(false);
+/// The last 64 gaps from a lingering synchronize's return to the next launch, a bit each
+/// (`policy::linger::note_gap`): whether a spin pays.
+static GAPS: AtomicU64 = AtomicU64::new(0);
+/// When the last lingering synchronize returned (`clock::fast_now_ns`; 0: its gap was noted),
+/// and the spin length then.
+static RETURNED_AT: AtomicU64 = AtomicU64::new(0);
+static RETURNED_SPIN_NS: AtomicU64 = AtomicU64::new(0);
 /// Context synchronizes in progress (between their move and their return).
 static SYNCING: AtomicU32 = AtomicU32::new(0);
 /// Spins queued, and context synchronizes answered with events (the monitor's debug line).
@@ -124,12 +131,24 @@ pub(crate) fn set(dev: usize, linger_us: u32, lower_shares: bool, hard_cap: Opti
     }
 }
 
-/// A gated launch.
+/// A gated launch of the program's: new work, and the end of the gap after a lingering
+/// synchronize (one relaxed load where there is none to note).
 #[inline]
 pub(crate) fn note_launch() {
     if !FRESH.load(Relaxed) {
         FRESH.store(true, Relaxed);
     }
+    let at = RETURNED_AT.load(Relaxed);
+    if at != 0 && RETURNED_AT.compare_exchange(at, 0, Relaxed, Relaxed).is_ok() {
+        let gap = vgpu_core::clock::fast_now_ns().saturating_sub(at);
+        let spin = RETURNED_SPIN_NS.load(Relaxed);
+        let _ = GAPS.fetch_update(Relaxed, Relaxed, |g| Some(note_gap(g, gap, spin)));
+    }
+}
+
+/// How many of the last 64 gaps came within a spin (the monitor's debug line).
+pub(crate) fn quick_gaps() -> u32 {
+    GAPS.load(Relaxed).count_ones()
 }
 
 /// How a spin is launched: one thread of the function on the stream, with these parameters,
@@ -143,32 +162,53 @@ pub fn before_sync(awaited: &Awaited, launch: Launch) -> Syncing {
     if !ACTIVE.load(Relaxed) {
         return Syncing::default();
     }
+    // Whether this synchronize could linger (its gap to the next launch is noted), and whether
+    // a spin pays now; one that does not consumes the new work as a spin would.
+    let mut now = None;
+    guarded(|| now = here());
+    let paying = now.filter(|_| spin_pays(GAPS.load(Relaxed)));
+    if now.is_some() && paying.is_none() {
+        FRESH.store(false, Relaxed);
+    }
+    let gap_spin_ns = now.map(|(_, ns)| ns);
     match *awaited {
         Awaited::Context(c) => {
             end_all();
             let mut answer = None;
-            guarded(|| answer = answer_context(c, launch));
+            if let Some(here) = paying {
+                guarded(|| answer = answer_context(c, here, launch));
+            }
             if answer.is_some() {
-                return Syncing { counted: false, answer };
+                return Syncing { counted: false, answer, gap_spin_ns };
             }
             // The driver's own: counted until it returns, so that a spin another thread queues
             // meanwhile ends itself (`spin`), this one's move having perhaps come before it.
             SYNCING.fetch_add(1, SeqCst);
             end_all();
-            return Syncing { counted: true, answer: None };
+            return Syncing { counted: true, answer: None, gap_spin_ns };
         }
-        Awaited::Stream(s, ptsz) => guarded(|| queue(Some((s, ptsz)), None, launch)),
-        Awaited::Event(e) => guarded(|| queue(None, Some(e), launch)),
+        Awaited::Stream(s, ptsz) => {
+            if let Some(here) = paying {
+                guarded(|| queue(Some((s, ptsz)), None, here, launch));
+            }
+        }
+        Awaited::Event(e) => {
+            if let Some(here) = paying {
+                guarded(|| queue(None, Some(e), here, launch));
+            }
+        }
     }
-    Syncing::default()
+    Syncing { gap_spin_ns, ..Syncing::default() }
 }
 
 /// What `before_sync` did: a context synchronize counted in `SYNCING` (uncounted once it
-/// returns), or one it answered itself (the real call is not made).
+/// returns), or one it answered itself (the real call is not made); the spin length where the
+/// synchronize could linger (its gap to the next launch is noted).
 #[derive(Default)]
 pub struct Syncing {
     counted: bool,
     answer: Option<CUresult>,
+    gap_spin_ns: Option<u64>,
 }
 
 impl Syncing {
@@ -184,6 +224,10 @@ impl Syncing {
 pub fn after_sync(s: Syncing) {
     if s.counted {
         SYNCING.fetch_sub(1, SeqCst);
+    }
+    if let Some(ns) = s.gap_spin_ns {
+        RETURNED_SPIN_NS.store(ns, Relaxed);
+        RETURNED_AT.store(vgpu_core::clock::fast_now_ns(), Relaxed);
     }
 }
 
@@ -291,9 +335,9 @@ fn slot_of(ctx: u64) -> Option<(Table, usize, Slot)> {
     (slot.func != 0).then_some((table, i, slot))
 }
 
-/// Queue a spin behind the awaited stream's work or event, on the current context's slot.
-fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launch) {
-    let Some((ctx, ns)) = here() else { return };
+/// Queue a spin behind the awaited stream's work or event, on the current context `ctx`'s slot
+/// (`here`: the context and the spin's length).
+fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, (ctx, ns): (u64, u64), launch: Launch) {
     let stream = match stream {
         Some((s, ptsz)) => {
             let s = if ptsz && s.is_null() { CU_STREAM_PER_THREAD as CUstream } else { s };
@@ -335,8 +379,7 @@ fn queue(stream: Option<(CUstream, bool)>, event: Option<CUevent>, launch: Launc
 /// request). `None`, the real call made instead: no linger now, `c` not the current context, a
 /// capture in progress (the legacy stream's state says so for every blocking stream), a stream
 /// the list may miss (`streams`), or a record that failed (a sticky error: the real call says it).
-fn answer_context(c: CUcontext, launch: Launch) -> Option<CUresult> {
-    let (ctx, ns) = here()?;
+fn answer_context(c: CUcontext, (ctx, ns): (u64, u64), launch: Launch) -> Option<CUresult> {
     if !c.is_null() && c as u64 != ctx {
         return None;
     }

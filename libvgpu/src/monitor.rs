@@ -139,10 +139,11 @@ fn run(rt: &'static Runtime) {
         }
         if GATE.load(Relaxed) {
             vgpu_core::debug!(
-                "launch gate: {} lingers={} answered_ctx_syncs={}",
+                "launch gate: {} lingers={} answered_ctx_syncs={} quick_gaps={}",
                 crate::launch::COUNTERS.summary(),
                 crate::linger::QUEUED.load(Relaxed),
-                crate::linger::ANSWERED.load(Relaxed)
+                crate::linger::ANSWERED.load(Relaxed),
+                crate::linger::quick_gaps()
             );
         }
         let ext = ps.region.slot_ext(ps.slot);
