@@ -1,6 +1,8 @@
 //! Which NVML calls the hook's monitor makes, and how often (issue 10's overheads). Some NVML
-//! calls stall the program's driver calls: each `nvmlDeviceGetSamples` held the next 1-MiB
-//! cuMemAlloc+cuMemFree of a process past 1 ms, about every time (H200, session 27). Read from
+//! calls stall the program's driver calls: each `nvmlDeviceGetSamples` and each
+//! `nvmlDeviceGetProcessUtilization` held the next 1-MiB cuMemAlloc+cuMemFree of a process past
+//! 1 ms, about every time (H200, session 27). So a process with nothing of its own running never
+//! asks for its utilization, and one that launches still does. Read from
 //! the mock NVML's call trace (`MOCK_NVML_TRACE`); on a real GPU there is no trace to read, and
 //! the tests say so and pass.
 
@@ -12,6 +14,8 @@ use std::time::Duration;
 use common::{Bg, Scratch};
 use gpu_tests::real_gpu;
 use hook_util::hooked;
+
+const PROC_UTIL: &str = "nvmlDeviceGetProcessUtilization";
 
 /// Runs `c` with the trace on and returns the NVML calls it made: name, and when (ms).
 fn traced_calls(s: &Scratch, mut c: std::process::Command, name: &str) -> Vec<(String, u64)> {
@@ -53,4 +57,36 @@ fn a_capped_process_fetches_nvml_samples_once_a_second() {
     assert!(readings >= 7, "the monitor read the device's utilization {readings} times in 1.8 s (is the trace working?): {calls:?}");
     // ... and fetches the samples the calibration needs once a second.
     assert!((1..=3).contains(&samples), "{samples} nvmlDeviceGetSamples in 1.8 s of a capped run (want about one a second)");
+}
+
+#[test]
+fn a_process_that_only_allocates_never_asks_nvml_for_its_utilization() {
+    if skip_on_real_gpu("a_process_that_only_allocates_never_asks_nvml_for_its_utilization") {
+        return;
+    }
+    let s = Scratch::new("nvml-alloc-only");
+    // No SM cap (the monitor asks NVML once a second there), memory capped, held 3.5 s: three
+    // or more of the monitor's NVML looks.
+    let mut c = hooked("test_alloc_paths", &s, Some("4g"));
+    c.args(["--path", "mem_alloc", "--size", "64m", "--hold", "--hold-seconds", "4"]);
+    let calls = traced_calls(&s, c, "test_alloc_paths");
+    assert!(
+        calls.iter().any(|c| c.0 == "nvmlDeviceGetUtilizationRates"),
+        "the monitor never looked at the device (is the trace working?): {calls:?}"
+    );
+    let asked = calls.iter().filter(|c| c.0 == PROC_UTIL).count();
+    assert_eq!(asked, 0, "a process that launched nothing asked NVML for its utilization {asked} times");
+}
+
+#[test]
+fn a_process_that_launches_still_asks_nvml_for_its_utilization() {
+    if skip_on_real_gpu("a_process_that_launches_still_asks_nvml_for_its_utilization") {
+        return;
+    }
+    let s = Scratch::new("nvml-launching");
+    let mut c = hooked("test_runtime_launch", &s, None);
+    c.args(["--us", "1000", "--seconds", "4", "--sync-every", "1"]);
+    let calls = traced_calls(&s, c, "test_runtime_launch");
+    let asked = calls.iter().filter(|c| c.0 == PROC_UTIL).count();
+    assert!(asked >= 2, "a process launching for 4 s asked NVML for its utilization {asked} times (want one a second): {calls:?}");
 }

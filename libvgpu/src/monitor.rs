@@ -80,6 +80,7 @@ fn run(rt: &'static Runtime) {
     let mut growth = [Growth::default(); MAX_DEVICES];
     // Whether this process launched since NVML was last asked about a plain device.
     let mut launched_since_nvml = [false; MAX_DEVICES];
+    let mut proc_looks = [policy::ProcLook::default(); MAX_DEVICES];
     let mut first = true;
     loop {
         // The first round runs at once: the node view (a higher priority's queue bound) and the
@@ -127,7 +128,8 @@ fn run(rt: &'static Runtime) {
             } else if nvml_due {
                 // No gate, no occupancy tracking (the uncapped fast path measures nothing):
                 // take utilization from NVML instead.
-                publish_nvml_util(ps, dev, nvml_handles[dev], std::mem::take(&mut launched_since_nvml[dev]), &mut nvml_seen_us);
+                let launched = std::mem::take(&mut launched_since_nvml[dev]);
+                publish_nvml_util(ps, dev, nvml_handles[dev], launched, &mut proc_looks[dev], &mut nvml_seen_us);
             }
             let device_util = if nvml_due { observe_tenants(ps, dev, &mut nvml_handles[dev], &mut tenants[dev]) } else { None };
             let cap = if gating { crate::caps::effective_cap(rt, ps, dev) } else { None };
@@ -244,16 +246,19 @@ fn follow_growth(ps: &ProcState, dev: usize, handle: Option<usize>, g: &mut Grow
 /// Utilization without a cap: NVML's per-process samples when our host PID is known (shared PID
 /// namespace), else the device's utilization while this process launched (exact when the
 /// container is alone on the GPU). Published as the process's and the container's utilization.
-fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched: bool, seen_us: &mut u64) {
+fn publish_nvml_util(ps: &ProcState, dev: usize, handle: Option<usize>, launched: bool, look: &mut policy::ProcLook, seen_us: &mut u64) {
     let Some(h) = handle else { return };
     let h = h as crate::ffi::nvmlDevice_t;
     let hostpid = ps.region.slot_hostpid(ps.slot);
     let since = *seen_us;
     *seen_us = policy::nvml_next_since(vgpu_core::clock::unix_micros());
+    let now = vgpu_core::clock::now_ns();
     let util = policy::nvml_util(
         hostpid,
         launched,
-        |pid| crate::driver::nvml_process_sm_util(h, pid, since),
+        // Not asked while nothing of ours can be running (`policy::ProcLook`): the ask stalls
+        // other threads' allocations.
+        |pid| Some(look.proc_util(launched, now, || crate::driver::nvml_process_sm_util(h, pid, since))),
         || crate::driver::nvml_gpu_util(h),
     );
     ps.region.set_proc_sm_util(ps.slot, dev, util.proc_util as u64);

@@ -120,6 +120,39 @@ pub fn nvml_util(hostpid: i32, launched: bool, proc_sm: impl FnOnce(u32) -> Opti
     NvmlUtil { proc_util, container_util }
 }
 
+/// NVML's per-process utilization is not asked for while nothing of this process can be running
+/// on the device: it launched nothing yet, or nothing for this long and the last reading was 0 (a
+/// kernel still running by then is in that reading: each covers the `NVML_LOOKBACK_US` before
+/// it). Each ask takes about 2.8 ms of the driver and stalls another thread's allocation past
+/// 1 ms (H200, session 25), so a process that only allocates asks nothing.
+pub const PROC_QUIET_NS: u64 = 3_000_000_000;
+
+/// What the per-process NVML readings of one device have seen (`ProcLook::proc_util`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcLook {
+    /// When a look last found launches since the one before (monotonic ns).
+    last_launch_ns: Option<u64>,
+    /// The last reading taken.
+    last_util: Option<u32>,
+}
+
+impl ProcLook {
+    /// The process's utilization at `now` (`launched`: it launched since the last look), from
+    /// `ask` (NVML) unless nothing of it can be running (`PROC_QUIET_NS`): then 0 unasked.
+    pub fn proc_util(&mut self, launched: bool, now: u64, ask: impl FnOnce() -> Option<u32>) -> u32 {
+        if launched {
+            self.last_launch_ns = Some(now);
+        }
+        let quiet = self.last_launch_ns.is_none_or(|t| self.last_util == Some(0) && now.saturating_sub(t) >= PROC_QUIET_NS);
+        if quiet {
+            return 0;
+        }
+        let util = ask().unwrap_or(0);
+        self.last_util = Some(util);
+        util
+    }
+}
+
 /// Where the next per-process NVML reading starts, given the wall clock now (µs since the epoch).
 pub fn nvml_next_since(now_unix_us: u64) -> u64 {
     now_unix_us.saturating_sub(NVML_LOOKBACK_US)
@@ -267,6 +300,43 @@ mod tests {
         let n = Cell::new(0);
         let gpu = || { n.set(n.get() + 1); (n.get() == 1).then_some(40) };
         assert_eq!(nvml_util(0, true, |_| None, gpu), NvmlUtil { proc_util: 40, container_util: Some(40) });
+    }
+
+    #[test]
+    fn the_process_reading_is_not_asked_for_while_nothing_of_ours_can_be_running() {
+        const S: u64 = 1_000_000_000;
+        let asked = Cell::new(0);
+        // Counts when NVML is asked (the closure called), not when one is made.
+        let ask = |u: u32| { let asked = &asked; move || { asked.set(asked.get() + 1); Some(u) } };
+        let mut look = ProcLook::default();
+        // Never launched (a process that only allocates): 0, and NVML is never asked.
+        for t in 1..10 {
+            assert_eq!(look.proc_util(false, t * S, ask(50)), 0);
+        }
+        assert_eq!(asked.get(), 0);
+        // A launch: asked at every look while it may still run, even where a reading was 0 (its
+        // samples had not arrived yet) ...
+        assert_eq!(look.proc_util(true, 10 * S, ask(0)), 0);
+        assert_eq!(look.proc_util(false, 11 * S, ask(0)), 0);
+        assert_eq!(look.proc_util(false, 12 * S, ask(70)), 70);
+        // ... and while the readings say it runs, however long ago it was launched.
+        assert_eq!(look.proc_util(false, 20 * S, ask(65)), 65);
+        assert_eq!(look.proc_util(false, 21 * S, ask(0)), 0);
+        assert_eq!(asked.get(), 5);
+        // A 0 reading PROC_QUIET_NS after the last launch: quiet until the next launch.
+        assert_eq!(look.proc_util(false, 22 * S, ask(40)), 0);
+        assert_eq!(look.proc_util(false, 30 * S, ask(40)), 0);
+        assert_eq!(asked.get(), 5);
+        assert_eq!(look.proc_util(true, 31 * S, ask(40)), 40);
+        // Under PROC_QUIET_NS since the launch: asked even after a 0.
+        assert_eq!(look.proc_util(false, 32 * S, ask(0)), 0);
+        assert_eq!(look.proc_util(false, 33 * S, ask(0)), 0);
+        assert_eq!(look.proc_util(false, 34 * S, ask(9)), 0, "3 s after the launch and read 0: not asked");
+        assert_eq!(asked.get(), 8);
+        // NVML giving nothing reads 0, and quiets like a 0.
+        let mut look = ProcLook::default();
+        assert_eq!(look.proc_util(true, S, || None), 0);
+        assert_eq!(look.proc_util(false, 5 * S, || panic!("quiet: not asked")), 0);
     }
 
     #[test]
