@@ -13,8 +13,10 @@
 #           counted (issue 14 sets no bound for it), two soft-capped containers sharing the spare
 #           (gpu-limiter.sh soft)
 #   part 5  issue 14 beyond its bounds: two lower-priority trainings beside a higher-priority
-#           container (two_lower.py: neither may stop), and, reported but not counted, the service
-#           beside two trainings (priority.py with TRAINERS=2)
+#           container (two_lower.py: neither may stop), a PyTorch service whose context
+#           synchronizes the hook answers with events waits for its side stream every time
+#           (bench/ctxsync_check.sh), and, reported but not counted, the service beside two
+#           trainings (priority.py with TRAINERS=2)
 # usage: dist/ci/gpu-acceptance.sh 1|2|3|4|5      ($OUT: logs and summaries are written there)
 set -u
 case "${1:-}" in 1 | 2 | 3 | 4 | 5) ;; *) sed -n '2,19p' "$0"; exit 2 ;; esac
@@ -53,6 +55,7 @@ case "$1" in
    step priorities 150 env SECS=8 "$DIST/ci/gpu-limiter.sh" priorities
    report soft 60 env SECS=8 "$DIST/ci/gpu-limiter.sh" soft ;;
 5) step two_lower 240 python3 "$DIST/bench/py/two_lower.py" 10 gpt2
+   step ctxsync 80 "$DIST/bench/ctxsync_check.sh" 15
    report two_trainings 240 env TRAINERS=2 MODES=priority python3 "$DIST/bench/py/priority.py" 20 ;;
 esac
 echo "acceptance part $1: failed_steps=$failed"

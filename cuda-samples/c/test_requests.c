@@ -25,16 +25,33 @@
  *                      `side_early=N` those that returned sooner than US after its launch
  *   --side-destroy     make the second stream for each request and destroy it right after its
  *                      launch (its work still runs; a context synchronize still waits for it)
+ *   --side-procaddr    make the second stream with the cuStreamCreate that cuGetProcAddress_v2
+ *                      hands out (from dlopen + dlsym), as the CUDA runtime does
  *   --wait-value       once, before serving, make the stream wait on the GPU for a value that
  *                      is already there (cuStreamWaitValue32; "not supported" is ignored)
  *
  * Output: each second `second=K requests=N p50_us=X max_us=Y`; after serving `requests=N
  * lat_p50_us= lat_p90_us= lat_p99_us= lat_max_us=`, then `idle=1` when it stops launching.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 
 #include "gpu.h"
+
+typedef CUresult (*stream_create_fn)(CUstream *stream, unsigned int flags);
+
+/* cuStreamCreate as the CUDA runtime finds it: cuGetProcAddress_v2, itself from dlsym. */
+static stream_create_fn stream_create_via_procaddr(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    PFN_cuGetProcAddress_v2 gpa = lib ? (PFN_cuGetProcAddress_v2)dlsym(lib, "cuGetProcAddress_v2") : NULL;
+    void *f = NULL;
+    CUdriverProcAddressQueryResult status;
+    if (!gpa || gpa("cuStreamCreate", &f, 12000, 0, &status) != CUDA_SUCCESS || !f)
+        die("cuGetProcAddress_v2 gave no cuStreamCreate");
+    return (stream_create_fn)f;
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -55,7 +72,7 @@ int main(int argc, char **argv)
     double us = 2000.0, gap_us = 20000.0;
     double pause_us = 0, side_us = 0;
     int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0, ctx_only = 0;
-    int side_destroy = 0, wait_value = 0;
+    int side_destroy = 0, wait_value = 0, side_procaddr = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
@@ -69,6 +86,7 @@ int main(int argc, char **argv)
         {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {"--side-us", OPT_DOUBLE, &side_us, "also run a kernel of US on a second, non-blocking stream"},
         {"--side-destroy", OPT_FLAG, &side_destroy, "make and destroy the second stream each request"},
+        {"--side-procaddr", OPT_FLAG, &side_procaddr, "make the second stream with cuGetProcAddress_v2's cuStreamCreate"},
         {"--wait-value", OPT_FLAG, &wait_value, "once, make the stream wait on the GPU for a value already there"},
         {NULL, OPT_FLAG, NULL, NULL},
     };
@@ -85,8 +103,9 @@ int main(int argc, char **argv)
     CUstream side = NULL;
     uint64_t side_cycles = side_us > 0 ? spin_cycles(&g, side_us) : 0;
     int side_unfinished = 0, side_early = 0;
+    stream_create_fn side_create = side_procaddr ? stream_create_via_procaddr() : cuStreamCreate;
     if (side_us > 0 && !side_destroy)
-        CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+        CHECK(side_create(&side, CU_STREAM_NON_BLOCKING));
     if (wait_value) {
         CUdeviceptr word;
         CHECK(cuMemAlloc_v2(&word, 4));
@@ -114,7 +133,7 @@ int main(int argc, char **argv)
         CHECK(launch_spin(&g, &k, cycles, s));
         uint64_t side_t0 = now_ns();
         if (side_us > 0 && side_destroy)
-            CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+            CHECK(side_create(&side, CU_STREAM_NON_BLOCKING));
         if (side)
             CHECK(launch_spin(&g, &k, side_cycles, side));
         if (side && side_destroy) {

@@ -663,6 +663,15 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     // and every context synchronize still waits for it.
     let (out, _) = lingering_service(&s, &[], &["--ctx-only", "--side-us", "1500", "--side-destroy", "--random"]);
     assert_eq!(field(&out, "side_early"), 0.0, "a context synchronize returned before a destroyed stream's kernel could have ended\n{out}");
+    // The second stream made with the cuStreamCreate that cuGetProcAddress hands out, which this
+    // driver gives at an internal address (MOCK_CUDA_INTERNAL_PROCS): the hook does not see the
+    // stream made, only launches on it. Every context synchronize still waits for its kernel.
+    let unseen = [("MOCK_CUDA_INTERNAL_PROCS", "cuStreamCreate")];
+    let (out, err) = lingering_service(&s, &unseen, &["--ctx-only", "--side-us", "1500", "--side-procaddr", "--random"]);
+    assert!(err.contains("passed through"), "the stream was made through the hook, not around it\n{err}");
+    assert!(err.contains("a launch on a stream the hook did not see made"), "the hook did not say why its list is incomplete\n{err}");
+    assert_eq!(field(&out, "side_unfinished"), 0.0, "a context synchronize returned before the unseen stream's kernel completed\n{out}");
+    assert_eq!(field(&out, "side_early"), 0.0, "a context synchronize returned before the unseen stream's kernel could have ended\n{out}");
     // A stream that once waited on the GPU for a value: such a wait could hang behind the legacy
     // stream's record, so every context synchronize is the driver's own.
     let (_, err) = lingering_service(&s, &[], &["--ctx-only", "--wait-value", "--random"]);

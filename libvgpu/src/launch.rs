@@ -438,6 +438,10 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
     note_launch();
     if who == Launcher::Program {
         crate::linger::note_launch();
+        // A context synchronize answered from the list of streams waits only for those it has.
+        if !matches!(stream as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD) {
+            crate::streams::launched_on(stream);
+        }
     }
     let Some((rt, ps)) = state() else { return Some(LaunchTicket::default()) };
     let Some(dev) = launch_device(ps) else { return Some(LaunchTicket::default()) };

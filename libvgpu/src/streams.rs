@@ -7,11 +7,13 @@
 //!
 //! Where the list may miss a stream (a green context's stream, which a context synchronize also
 //! waits for; a creation with no current context; more streams than the list holds; the lock
-//! unavailable at a destroy, which would leave a dead handle in it), it is `incomplete` for the
-//! rest of the process, and context synchronizes are the driver's own.
+//! unavailable at a destroy, which would leave a dead handle in it; a gated launch on a stream it
+//! does not have, made where the hook did not see it), it is `incomplete` for the rest of the
+//! process, and context synchronizes are the driver's own.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use crate::driver;
@@ -137,6 +139,7 @@ pub unsafe fn destroy(_rt: &'static Runtime, real: sig::cuStreamDestroy_v2, stre
         Some(mut k) => {
             let n = k.streams.len();
             k.streams.retain(|&(_, s)| s != stream as u64);
+            DESTROYS.fetch_add(1, Relaxed);
             if k.streams.len() != n && driver::stream_query(stream) != CUDA_SUCCESS {
                 drop(k);
                 incomplete("a stream destroyed with work queued");
@@ -153,10 +156,59 @@ pub(crate) fn green_context_made() {
     incomplete("a green context");
 }
 
+/// Streams a thread remembers having found in the list (a round robin over a few streams looks
+/// none up again).
+const FOUND_KEPT: usize = 8;
+
+thread_local! {
+    /// The streams this thread's gated launches last went to, found in the list (0: none), and
+    /// where the next one found goes.
+    static FOUND: [Cell<u64>; FOUND_KEPT] = const { [const { Cell::new(0) }; FOUND_KEPT] };
+    static FOUND_NEXT: Cell<usize> = const { Cell::new(0) };
+    /// `DESTROYS` when they were found: a destroy may free a handle for a stream made unseen.
+    static FOUND_AT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Streams destroyed or forgotten so far (the threads' remembered streams are then looked up again).
+static DESTROYS: AtomicU64 = AtomicU64::new(0);
+
+/// A gated launch of the program's on `stream` (not a default stream): a stream the list does
+/// not have was made where the hook did not see it (an entry point `cuGetProcAddress` handed out
+/// that is none of the driver's exports, say), and a context synchronize answered from the list
+/// would not wait for its work. Each thread looks up a stream it has not found lately.
+#[inline]
+pub(crate) fn launched_on(stream: CUstream) {
+    let h = stream as u64;
+    if INCOMPLETE.load(Relaxed) {
+        return;
+    }
+    // `try_with`: a thread past its locals' destruction looks every stream up.
+    let destroys = DESTROYS.load(Relaxed);
+    if !FOUND_AT.try_with(|a| a.replace(destroys) == destroys).unwrap_or(false) {
+        // A destroy since they were found: each is looked up again.
+        let _ = FOUND.try_with(|f| f.iter().for_each(|c| c.set(0)));
+    } else if FOUND.try_with(|f| f.iter().any(|c| c.get() == h)).unwrap_or(false) {
+        return;
+    }
+    let Some(k) = lock() else { return incomplete("the stream list stayed locked at a launch") };
+    let found = k.streams.iter().any(|&(_, s)| s == h);
+    drop(k);
+    if !found {
+        return incomplete("a launch on a stream the hook did not see made");
+    }
+    let _ = FOUND.try_with(|f| {
+        let i = FOUND_NEXT.try_with(|n| n.replace((n.get() + 1) % FOUND_KEPT)).unwrap_or(0);
+        f[i].set(h);
+    });
+}
+
 /// Context `ctx` is gone, and its streams with it.
 pub(crate) fn forget_context(ctx: CUcontext) {
     match lock() {
-        Some(mut k) => k.streams.retain(|&(c, _)| c != ctx as u64),
+        Some(mut k) => {
+            k.streams.retain(|&(c, _)| c != ctx as u64);
+            DESTROYS.fetch_add(1, Relaxed);
+        }
         None => incomplete("the stream list stayed locked at a context's end"),
     }
 }

@@ -430,13 +430,31 @@ unsafe fn is_capturing(stream: Handle, status: *mut u32) -> CUresult {
     })
 }
 
+/// `cuStreamCreate` as `cuGetProcAddress` hands it out under `MOCK_CUDA_INTERNAL_PROCS`: the same
+/// work at an address no export has, as a real driver may hand out an internal entry point (a
+/// hook that swaps only its exports' addresses does not see the call).
+unsafe extern "C" fn internal_stream_create(ps: *mut Handle, flags: c_uint) -> CUresult {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    crate::guard("cuStreamCreate(internal)", &CALLS, || stream_create(ps, flags))
+}
+
+/// The internal entry point `cuGetProcAddress` gives for `base` instead of its export, where
+/// `MOCK_CUDA_INTERNAL_PROCS` (a comma-separated list of base names) names it.
+fn internal_proc(base: &str) -> Option<usize> {
+    let listed = std::env::var("MOCK_CUDA_INTERNAL_PROCS").ok()?.split(',').any(|n| n.trim() == base);
+    match base {
+        "cuStreamCreate" if listed => Some(internal_stream_create as *const () as usize),
+        _ => None,
+    }
+}
+
 unsafe fn proc_address(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) -> CUresult {
     if symbol.is_null() || pfn.is_null() || flags > 3 {
         return CUDA_ERROR_INVALID_VALUE;
     }
     let name = CStr::from_ptr(symbol).to_string_lossy();
     let (r, addr, s) = match crate::resolve(&name, version, flags) {
-        Ok(a) => (CUDA_SUCCESS, a, CU_GET_PROC_ADDRESS_SUCCESS),
+        Ok(a) => (CUDA_SUCCESS, internal_proc(&name).unwrap_or(a), CU_GET_PROC_ADDRESS_SUCCESS),
         Err((e, s)) => (e, 0, s),
     };
     *pfn = addr as *mut c_void;
