@@ -22,7 +22,7 @@ rc=$?
 kill "$low" 2>/dev/null
 wait "$low" 2>/dev/null
 line=$(grep '^ctxsync_check ' "$work/ctxsync-service.log" | tail -1)
-gate=$(grep -h 'launch gate:' "$work/ctxsync-service.log" | tail -1 | grep -o 'lingers=[0-9]* answered_ctx_syncs=[0-9]* quick_gaps=[0-9]*')
+gate=$(grep -h 'launch gate:' "$work/ctxsync-service.log" | tail -1 | grep -o 'lingers=[0-9]* answered_ctx_syncs=[0-9]* linger_gaps=[0-9]* quick_gap_pct=[0-9.]*')
 why=$(grep -ho 'streams: [^;]*' "$work/ctxsync-service.log" | head -1)
 echo "${line:-ctxsync_check error=no_result rc=$rc} ${gate:-no_gate_line} ${why:+why_incomplete=\"$why\"}"
 unfinished=$(sed -n 's/.*side_unfinished=\([0-9]*\).*/\1/p' <<<"$line")

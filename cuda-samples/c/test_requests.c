@@ -25,6 +25,8 @@
  *                      `side_early=N` those that returned sooner than US after its launch
  *   --side-destroy     make the second stream for each request and destroy it right after its
  *                      launch (its work still runs; a context synchronize still waits for it)
+ *   --readback         after each request's synchronize, copy 4 bytes of device memory back
+ *                      (cuMemcpyDtoH), as a service reading its result would
  *   --side-procaddr    make the second stream with the cuStreamCreate that cuGetProcAddress_v2
  *                      hands out (from dlopen + dlsym), as the CUDA runtime does
  *   --wait-value       once, before serving, make the stream wait on the GPU for a value that
@@ -72,7 +74,7 @@ int main(int argc, char **argv)
     double us = 2000.0, gap_us = 20000.0;
     double pause_us = 0, side_us = 0;
     int seconds = 5, idle_seconds = 0, random_gap = 0, print_each = 0, ctx_sync = 0, extra_syncs = 0, ctx_only = 0;
-    int side_destroy = 0, wait_value = 0, side_procaddr = 0;
+    int side_destroy = 0, wait_value = 0, side_procaddr = 0, readback = 0;
     const struct opt opts[] = {
         {"--us", OPT_DOUBLE, &us, "kernel length in microseconds (default 2000)"},
         {"--gap-us", OPT_DOUBLE, &gap_us, "(mean) pause between requests in microseconds (default 20000)"},
@@ -86,6 +88,7 @@ int main(int argc, char **argv)
         {"--ctx-sync", OPT_FLAG, &ctx_sync, "also synchronize the context after each request, timed"},
         {"--side-us", OPT_DOUBLE, &side_us, "also run a kernel of US on a second, non-blocking stream"},
         {"--side-destroy", OPT_FLAG, &side_destroy, "make and destroy the second stream each request"},
+        {"--readback", OPT_FLAG, &readback, "after each request's synchronize, copy 4 bytes back (cuMemcpyDtoH)"},
         {"--side-procaddr", OPT_FLAG, &side_procaddr, "make the second stream with cuGetProcAddress_v2's cuStreamCreate"},
         {"--wait-value", OPT_FLAG, &wait_value, "once, make the stream wait on the GPU for a value already there"},
         {NULL, OPT_FLAG, NULL, NULL},
@@ -116,6 +119,9 @@ int main(int argc, char **argv)
         CHECK(cuStreamSynchronize(s));
         CHECK(cuMemFree_v2(word));
     }
+    CUdeviceptr result = 0;
+    if (readback)
+        CHECK(cuMemAlloc_v2(&result, 4));
     /* Warm-up request (first launch costs). */
     CHECK(launch_spin(&g, &k, cycles, s));
     CHECK(cuStreamSynchronize(s));
@@ -150,6 +156,10 @@ int main(int argc, char **argv)
         if (side_us > 0 && ctx_only && (double)(now_ns() - side_t0) / 1000.0 < side_us)
             side_early++;
         lat[n++] = (double)(now_ns() - t0) / 1000.0;
+        if (readback) {
+            uint32_t v;
+            CHECK(cuMemcpyDtoH_v2(&v, result, 4));
+        }
         for (int i = 0; i < extra_syncs; i++)
             CHECK(cuStreamSynchronize(s));
         if (ctx_sync) {

@@ -683,8 +683,9 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
 }
 
 /// A linger pays only where the next request can come while it runs. A service whose requests
-/// come 20 ms apart, never sooner, never finds its 5-ms spin still running: it queues none, and
-/// its context synchronizes are the driver's own (each spin would take the GPU from the lower
+/// come 20 ms apart, never sooner, never finds its 5-ms spin still running (reading its result
+/// back right after the synchronize is not a next request): it queues none, and its context
+/// synchronizes are the driver's own (each spin would take the GPU from the lower
 /// priority for nothing: on an H200 a priority-0 process with 1.5 ms between 1-ms kernels left
 /// its two lower-priority neighbours 37% of the GPU with 300-us spins, 58% without; session 29).
 #[test]
@@ -692,10 +693,14 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
 fn a_service_whose_next_request_comes_after_the_linger_does_not_linger() {
     let s = Scratch::new("node-linger-late");
     let mut low = low_priority_running(&s, 1);
-    let (out, err) = lingering_service(&s, &[], &["--ctx-sync"]);
+    // Each request's result read back right after its synchronize (a copy, not a next request).
+    let (out, err) = lingering_service(&s, &[], &["--ctx-sync", "--readback"]);
     let (n, requests) = (lingers(&err), field(&out, "requests"));
-    eprintln!("requests 20 ms apart, 5-ms lingers: {n} spins in {requests} requests");
+    let gaps = field(&err, "linger_gaps");
+    eprintln!("requests 20 ms apart, read back, 5-ms lingers: {n} spins in {requests} requests, {gaps} gaps noted");
     assert!(requests >= 50.0, "too few requests\n{out}");
+    // The service could have lingered: the hook timed its gaps.
+    assert!(gaps >= 0.8 * requests, "{gaps} gaps noted in {requests} requests: the service was not lingering-capable\n{err}");
     assert_eq!(n, 0, "the service lingered {n} times in {requests} requests, none of which came within the linger\n{err}");
     let (_, err) = lingering_service(&s, &[], &["--ctx-only"]);
     assert_eq!(field(&err, "answered_ctx_syncs"), 0.0, "context synchronizes were answered (each with a spin) where none pays\n{err}");

@@ -112,20 +112,23 @@ struct Gated {
 /// `ptsz`: the shim is a `_ptsz` entry point (stream 0 = the per-thread default stream).
 /// `kind`: what the launch runs (`vgpu_core::limiter::kinds`; 0: unknown), so its
 /// queued work is valued at what that kind took before; worked out only when the gate is on.
+/// `kernels`: it runs kernels (a kernel or graph launch, not a copy or memset).
 #[inline]
-pub fn before_launch(stream: CUstream, ptsz: bool, kind: impl FnOnce() -> u64) -> LaunchTicket {
+pub fn before_launch(stream: CUstream, ptsz: bool, kernels: bool, kind: impl FnOnce() -> u64) -> LaunchTicket {
     if !GATE.load(Relaxed) {
         note_launch();
         return LaunchTicket::default();
     }
-    COUNTERS.before.time(|| gated_before(stream, ptsz, kind(), Launcher::Program)).unwrap_or_default()
+    COUNTERS.before.time(|| gated_before(stream, ptsz, kind(), Launcher::Program { kernels })).unwrap_or_default()
 }
 
 /// Who launches through the gate.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Launcher {
-    /// The program: waits as the gate says (bounded), and its launch is new work to linger after.
-    Program,
+    /// The program: waits as the gate says (bounded), and its launch is new work to linger after;
+    /// one that runs kernels is what a linger waits for (a copy or memset reading a result back
+    /// right after a synchronize is not a next request).
+    Program { kernels: bool },
     /// The linger's spin, from inside a synchronize: never waits (where the program's launch would
     /// wait, there is no spin), and is not the program's work.
     Spin,
@@ -436,8 +439,8 @@ fn launch_device(ps: &ProcState) -> Option<usize> {
 #[inline(never)]
 fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Option<LaunchTicket> {
     note_launch();
-    if who == Launcher::Program {
-        crate::linger::note_launch();
+    if let Launcher::Program { kernels } = who {
+        crate::linger::note_launch(kernels);
         // A context synchronize answered from the list of streams waits only for those it has.
         if !matches!(stream as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD) {
             crate::streams::launched_on(stream);
@@ -510,7 +513,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
         step
     };
     let held = match who {
-        Launcher::Program => hold(&mut SysClock, &mut step),
+        Launcher::Program { .. } => hold(&mut SysClock, &mut step),
         // The spin goes only where the gate says go at once.
         Launcher::Spin => match step(vgpu_core::clock::now_ns()) {
             Step::Go => 0,

@@ -18,7 +18,7 @@ use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 
-use vgpu_core::policy::linger::{next_word, note_gap, spin_ns, spin_pays};
+use vgpu_core::policy::linger::{next_word, note_gap, spin_ns, spin_pays, ALL_QUICK};
 use vgpu_core::MAX_DEVICES;
 
 use crate::driver;
@@ -101,9 +101,11 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 /// process is on): a synchronize with nothing new behind it does not linger, or a loop of
 /// synchronizes would hold the GPU on spins alone.
 static FRESH: AtomicBool = AtomicBool::new(false);
-/// The last 64 gaps from a lingering synchronize's return to the next launch, a bit each
-/// (`policy::linger::note_gap`): whether a spin pays.
-static GAPS: AtomicU64 = AtomicU64::new(0);
+/// The share of recent gaps from a lingering synchronize's return to the next kernel launch that
+/// a spin would have filled (`policy::linger::note_gap`): whether a spin pays. And how many
+/// gaps were noted (the monitor's debug line).
+static QUICK: AtomicU64 = AtomicU64::new(0);
+pub(crate) static GAPS_NOTED: AtomicU64 = AtomicU64::new(0);
 /// When the last lingering synchronize returned (`clock::fast_now_ns`; 0: its gap was noted),
 /// and the spin length then.
 static RETURNED_AT: AtomicU64 = AtomicU64::new(0);
@@ -131,24 +133,29 @@ pub(crate) fn set(dev: usize, linger_us: u32, lower_shares: bool, hard_cap: Opti
     }
 }
 
-/// A gated launch of the program's: new work, and the end of the gap after a lingering
-/// synchronize (one relaxed load where there is none to note).
+/// A gated launch of the program's: new work, and where it runs `kernels`, the end of the gap
+/// after a lingering synchronize (one relaxed load where there is none to note). A copy or memset
+/// does not end it: reading a result back right after a synchronize is not the next request.
 #[inline]
-pub(crate) fn note_launch() {
+pub(crate) fn note_launch(kernels: bool) {
     if !FRESH.load(Relaxed) {
         FRESH.store(true, Relaxed);
+    }
+    if !kernels {
+        return;
     }
     let at = RETURNED_AT.load(Relaxed);
     if at != 0 && RETURNED_AT.compare_exchange(at, 0, Relaxed, Relaxed).is_ok() {
         let gap = vgpu_core::clock::fast_now_ns().saturating_sub(at);
         let spin = RETURNED_SPIN_NS.load(Relaxed);
-        let _ = GAPS.fetch_update(Relaxed, Relaxed, |g| Some(note_gap(g, gap, spin)));
+        let _ = QUICK.fetch_update(Relaxed, Relaxed, |q| Some(note_gap(q, gap, spin)));
+        GAPS_NOTED.fetch_add(1, Relaxed);
     }
 }
 
-/// How many of the last 64 gaps came within a spin (the monitor's debug line).
-pub(crate) fn quick_gaps() -> u32 {
-    GAPS.load(Relaxed).count_ones()
+/// The share of recent gaps a spin would have filled, in percent (the monitor's debug line).
+pub(crate) fn quick_gap_pct() -> f64 {
+    QUICK.load(Relaxed) as f64 * 100.0 / ALL_QUICK as f64
 }
 
 /// How a spin is launched: one thread of the function on the stream, with these parameters,
@@ -166,7 +173,7 @@ pub fn before_sync(awaited: &Awaited, launch: Launch) -> Syncing {
     // a spin pays now; one that does not consumes the new work as a spin would.
     let mut now = None;
     guarded(|| now = here());
-    let paying = now.filter(|_| spin_pays(GAPS.load(Relaxed)));
+    let paying = now.filter(|_| spin_pays(QUICK.load(Relaxed)));
     if now.is_some() && paying.is_none() {
         FRESH.store(false, Relaxed);
     }

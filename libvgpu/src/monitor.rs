@@ -141,11 +141,12 @@ fn run(rt: &'static Runtime) {
         }
         if GATE.load(Relaxed) {
             vgpu_core::debug!(
-                "launch gate: {} lingers={} answered_ctx_syncs={} quick_gaps={}",
+                "launch gate: {} lingers={} answered_ctx_syncs={} linger_gaps={} quick_gap_pct={:.1}",
                 crate::launch::COUNTERS.summary(),
                 crate::linger::QUEUED.load(Relaxed),
                 crate::linger::ANSWERED.load(Relaxed),
-                crate::linger::quick_gaps()
+                crate::linger::GAPS_NOTED.load(Relaxed),
+                crate::linger::quick_gap_pct()
             );
         }
         let ext = ps.region.slot_ext(ps.slot);

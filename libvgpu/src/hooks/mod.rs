@@ -39,6 +39,25 @@ pub const fn per_thread_stream(name: &str) -> bool {
         && ((b[n - 2] == b's' && b[n - 1] == b'z') || (b[n - 2] == b'd' && b[n - 1] == b's'))
 }
 
+/// Whether a launch entry point runs kernels (`cuLaunch*`, `cuGraphLaunch*`), not a copy or memset.
+pub const fn runs_kernels(name: &str) -> bool {
+    const fn starts(b: &[u8], p: &[u8]) -> bool {
+        if b.len() < p.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i < p.len() {
+            if b[i] != p[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+    let b = name.as_bytes();
+    starts(b, b"cuLaunch") || starts(b, b"cuGraphLaunch")
+}
+
 /// One hooked symbol.
 pub struct Hook {
     pub name: &'static CStr,
@@ -93,7 +112,8 @@ macro_rules! shim {
                 let stream: $crate::ffi::CUstream = $stream;
                 // Decided at compile time: nothing added to the launch path.
                 const PER_THREAD: bool = $crate::hooks::per_thread_stream(stringify!($name));
-                let ticket = $crate::launch::before_launch(stream, PER_THREAD, || $kind);
+                const KERNELS: bool = $crate::hooks::runs_kernels(stringify!($name));
+                let ticket = $crate::launch::before_launch(stream, PER_THREAD, KERNELS, || $kind);
                 let r = f($($arg),*);
                 $crate::launch::after_launch(ticket, r);
                 r
@@ -178,4 +198,19 @@ pub unsafe fn hook_for_cstr(symbol: *const c_char) -> Option<*mut c_void> {
         return None;
     }
     table::index_of(name).and_then(|i| table::HOOKS.get(i)).map(|h| h.hook as *mut c_void)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_and_graph_launches_run_kernels_copies_and_memsets_do_not() {
+        for k in ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchGridAsync", "cuGraphLaunch_ptsz"] {
+            assert!(runs_kernels(k), "{k}");
+        }
+        for c in ["cuMemcpyDtoH_v2", "cuMemcpyAsync_ptsz", "cuMemsetD8Async", "cuMemsetD32_v2_ptds", "cuLaunc", ""] {
+            assert!(!runs_kernels(c), "{c}");
+        }
+    }
 }
