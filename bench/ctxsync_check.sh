@@ -12,11 +12,11 @@ lib=${LIB:-$DIST/libvgpu.so}
 secs=${1:-20}
 work=${OUT:-$(mktemp -d /tmp/ctxsync-check-XXXXXX)}
 node=$(mktemp -d /tmp/ctxsync-node-XXXXXX)
-env LD_PRELOAD="$lib" VGPU_NODE_DIR="$node" CUDA_TASK_PRIORITY=1 CUDA_DEVICE_MEMORY_SHARED_CACHE="$node/low.cache" \
+env LD_PRELOAD="$lib" VGPU_NODE_DIR="$node" CUDA_TASK_PRIORITY=1 CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/ctxsync-low.cache" \
     "$DIST/samples/test_runtime_launch" --us 1000 --seconds $((secs + 15)) --sync-every 10 >"$work/ctxsync-low.log" 2>&1 &
 low=$!
 sleep 3
-env LD_PRELOAD="$lib" VGPU_NODE_DIR="$node" CUDA_TASK_PRIORITY=0 CUDA_DEVICE_MEMORY_SHARED_CACHE="$node/hi.cache" LIBCUDA_LOG_LEVEL=4 \
+env LD_PRELOAD="$lib" VGPU_NODE_DIR="$node" CUDA_TASK_PRIORITY=0 CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/ctxsync-hi.cache" LIBCUDA_LOG_LEVEL=4 \
     timeout $((secs + 60)) python3 "$DIST/bench/py/ctxsync_check.py" "$secs" >"$work/ctxsync-service.log" 2>&1
 rc=$?
 kill "$low" 2>/dev/null
