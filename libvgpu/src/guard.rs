@@ -7,7 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 
 static INJECT: AtomicBool = AtomicBool::new(false);
 static INJECT_NAME: OnceLock<String> = OnceLock::new();
@@ -21,6 +21,22 @@ pub fn ffi_guard<F: FnOnce() -> i32>(name: &'static str, unknown: i32, f: F) -> 
             unknown
         }
     }
+}
+
+/// `m`, tried up to `tries` times, yielding between tries: `None` where it stayed taken (the
+/// caller never waits on it unboundedly). A poisoned lock is used as it is: a panic caught while
+/// it was held left its data as it was.
+#[inline]
+pub fn try_lock_yielding<T>(m: &Mutex<T>, tries: u32) -> Option<MutexGuard<'_, T>> {
+    for i in 0..tries {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if i + 1 < tries => std::thread::yield_now(),
+            Err(TryLockError::WouldBlock) => {}
+        }
+    }
+    None
 }
 
 /// A panic's message, on one line.

@@ -407,14 +407,7 @@ const LOCK_TRIES: u32 = 1000;
 /// and kernels that run side by side uncapped run alone for that long each round.
 fn lock(dev: usize) -> std::sync::MutexGuard<'static, DeviceGate> {
     let m = gate(dev);
-    for _ in 0..LOCK_TRIES {
-        match m.try_lock() {
-            Ok(g) => return g,
-            Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
-        }
-    }
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    crate::guard::try_lock_yielding(m, LOCK_TRIES).unwrap_or_else(|| m.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// In a forked child: forget the parent's gates (their events belong to the parent's contexts,

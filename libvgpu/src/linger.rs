@@ -289,15 +289,8 @@ pub(crate) fn forget(ctx: CUcontext) {
 }
 
 /// The table, trying a bounded number of times (its holders do a few driver calls).
-fn lock_briefly() -> Option<MutexGuard<'static, [Option<Slot>; SLOTS]>> {
-    for _ in 0..100_000 {
-        match TABLE.try_lock() {
-            Ok(t) => return Some(t),
-            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
-        }
-    }
-    None
+fn lock_briefly() -> Option<Table> {
+    crate::guard::try_lock_yielding(&TABLE, 100_000)
 }
 
 /// The current context and the spin's length, where this process lingers on the current device
@@ -322,12 +315,8 @@ type Table = MutexGuard<'static, [Option<Slot>; SLOTS]>;
 /// The table, held, and `ctx`'s slot in it (made at its first linger); `None` where another
 /// thread of ours holds the table (this synchronize does not wait for it) or `ctx` cannot linger.
 fn slot_of(ctx: u64) -> Option<(Table, usize, Slot)> {
-    // A panic caught while it was held (`guarded`) left the table as it was: go on with it.
-    let mut table = match TABLE.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return None,
-    };
+    // Tried once. A panic caught while it was held (`guarded`) left the table as it was: go on with it.
+    let mut table = crate::guard::try_lock_yielding(&TABLE, 1)?;
     let pid = std::process::id();
     let i = match table.iter().position(|e| e.is_some_and(|s| s.pid == pid && s.ctx == ctx as usize)) {
         Some(i) => i,

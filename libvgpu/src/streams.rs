@@ -14,7 +14,7 @@
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::driver;
 use crate::ffi::*;
@@ -35,14 +35,7 @@ static INCOMPLETE: AtomicBool = AtomicBool::new(false);
 
 /// The list, tried a bounded number of times (its holders do no more than a few event calls).
 fn lock() -> Option<MutexGuard<'static, Known>> {
-    for _ in 0..100_000 {
-        match KNOWN.try_lock() {
-            Ok(k) => return Some(own(k)),
-            Err(TryLockError::Poisoned(p)) => return Some(own(p.into_inner())),
-            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
-        }
-    }
-    None
+    crate::guard::try_lock_yielding(&KNOWN, 100_000).map(own)
 }
 
 fn own(mut k: MutexGuard<'static, Known>) -> MutexGuard<'static, Known> {
