@@ -12,9 +12,12 @@ Each second also reads the container's bucket in the region every 5 ms: the frac
 second its budget was closed (`closed`), its lowest balance (ms) and the charge scale.
 
 usage: dip_probe.py KIND SECS MODE...   MODE: off | nocap | capN | switchN (start uncapped, the cap
-       set at run time with shrreg-tool as share.py does), each also alt_... (ALT=another build)
+       set at run time with shrreg-tool as share.py does; switchA_B: A for 11 s, then B), each also
+       alt_... (ALT=another build)
 Env: DIST, LIBVGPU, ALT, WARM (default 4), DEBUG (set: the hook's debug log, kept in $OUT),
-OUT (dip_probe.jsonl and logs).
+OUT (dip_probe.jsonl and logs), FAST_MS (set: also poll the reading every FAST_MS ms, to see what
+each ~100-ms window of the step reads, not only the one the 1-s snapshot lands on: per second its
+lowest and highest value, and over the run the spread of every value polled).
 """
 import json
 import mmap
@@ -62,6 +65,28 @@ class BucketWatch:
                     scale=r[-1][3])
 
 
+class ReadingPoll:
+    """Polls nvmlDeviceGetUtilizationRates every `ms` ms: [(monotonic ns, value)]."""
+
+    def __init__(self, nvml, ms):
+        self.nvml, self.ms, self.rows, self.stop = nvml, ms, [], False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self.stop:
+            self.rows.append((time.monotonic_ns(), self.nvml.util()))
+            time.sleep(self.ms / 1000)
+
+    def second(self, a_ns, b_ns):
+        v = [x[1] for x in self.rows if a_ns <= x[0] < b_ns]
+        return dict(poll_min=min(v), poll_max=max(v)) if v else {}
+
+
+def quantiles(v):
+    v = sorted(v)
+    return [v[min(len(v) - 1, int(q * len(v)))] for q in (0.05, 0.25, 0.5, 0.75, 0.95)] + [v[-1]] if v else []
+
+
 def run(kind, secs, mode, nvml):
     if mode.startswith("alt_") and not os.environ.get("ALT"):
         sys.exit(f"mode={mode} error=alt_mode_without_ALT")
@@ -73,10 +98,16 @@ def run(kind, secs, mode, nvml):
     if not p.ready.wait(300):
         sys.exit(f"mode={mode} error=no_progress log={''.join(p.log)[-1500:]!r}")
     watch = BucketWatch(region) if region else None
+    fast = ReadingPoll(nvml, float(os.environ["FAST_MS"])) if os.environ.get("FAST_MS") else None
     time.sleep(WARM)
     if mode.removeprefix("alt_").startswith("switch"):
-        subprocess.run([f"{DIST}/tools/shrreg-tool", "--file", region, "--set-sm-limit", "0",
-                        mode.removeprefix("alt_")[6:]], check=True, capture_output=True)
+        # switchA_B: A first for 11 s (share.py's warm-up and window at each cap), then B
+        caps = mode.removeprefix("alt_")[6:].split("_")
+        for i, cap in enumerate(caps):
+            if i:
+                time.sleep(11.0)
+            subprocess.run([f"{DIST}/tools/shrreg-tool", "--file", region, "--set-sm-limit", "0", cap],
+                           check=True, capture_output=True)
         time.sleep(3.0)
     t0, seen = time.monotonic(), int(time.time() * 1e6)
     rows = []
@@ -87,7 +118,11 @@ def run(kind, secs, mode, nvml):
         got = nvml.samples_since(seen)
         seen = max([seen] + [ts for ts, _ in got])
         rows.append(dict(snap=nvml.util(), fine=[v for _, v in sorted(got)], steps=round(p.at(b) - p.at(b - 1.0), 2),
-                         **(watch.second(int((b - 1.0) * 1e9), int(b * 1e9)) if watch else {})))
+                         **(watch.second(int((b - 1.0) * 1e9), int(b * 1e9)) if watch else {}),
+                         **(fast.second(int((b - 1.0) * 1e9), int(b * 1e9)) if fast else {})))
+    if fast:
+        fast.stop = True
+        rows.append(dict(polled=quantiles([v for t, v in fast.rows if int(t0 * 1e9) <= t])))
     time.sleep(0.3)
     if watch:
         watch.stop = True
@@ -104,20 +139,25 @@ def main():
     nvml = Nvml()
     for mode in modes:
         rows = run(kind, secs, mode, nvml)
+        polled = rows.pop()["polled"] if rows and "polled" in rows[-1] else None
         snaps = [r["snap"] for r in rows]
         fine = [v for r in rows for v in r["fine"]]
         mean = sum(snaps) / len(snaps)
         steps = sum(r["steps"] for r in rows) / len(rows)
         closed = [r.get("closed", 0) for r in rows]
         print(f"dip_probe kind={kind} mode={mode} snap_mean={mean:.1f} fine_mean={sum(fine) / max(1, len(fine)):.1f} "
-              f"steps_per_s={steps:.2f} closed_mean={sum(closed) / len(closed):.3f} snaps={snaps}", flush=True)
+              f"steps_per_s={steps:.2f} closed_mean={sum(closed) / len(closed):.3f} snaps={snaps}"
+              f" scales={[r.get('scale') for r in rows]}", flush=True)
+        if polled:
+            print(f"  polled every {os.environ['FAST_MS']} ms: p5/p25/p50/p75/p95/max={polled}"
+                  f" per-second [min,max]={[[r.get('poll_min'), r.get('poll_max')] for r in rows]}", flush=True)
         for i, r in enumerate(rows):
             if r["snap"] < mean - 15:
                 print(f"  dip s={i} snap={r['snap']} fine={r['fine']} steps={r['steps']} (mean {steps:.2f}) "
                       f"closed={r.get('closed')} min_tokens_ms={r.get('min_tokens_ms')} scale={r.get('scale')}", flush=True)
         if os.environ.get("OUT"):
             with open(os.path.join(os.environ["OUT"], "dip_probe.jsonl"), "a") as f:
-                f.write(json.dumps(dict(kind=kind, mode=mode, rows=rows)) + "\n")
+                f.write(json.dumps(dict(kind=kind, mode=mode, rows=rows, polled=polled)) + "\n")
 
 
 if __name__ == "__main__":
