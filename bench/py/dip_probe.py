@@ -28,12 +28,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from share import DIST, LIMITER_STATE_OFFSET as STATE, mode_env, Nvml, Proc  # noqa: E402
+from share import DIST, CHARGE_SCALE_OFFSET as SCALE, LIMITER_STATE_OFFSET as STATE, mode_env, Nvml, Proc  # noqa: E402
 
 WARM = float(os.environ.get("WARM", "4"))
 # Fields of device 0's SharedDeviceState in the region (libvgpu/core/src/limiter/mod.rs):
 # tokens_ns, closed_until_ns, charge_scale_milli.
-TOKENS, CLOSED, SCALE = STATE, STATE + 64, STATE + 88
+TOKENS, CLOSED = STATE, STATE + 64
 
 
 class BucketWatch:

@@ -88,15 +88,21 @@ class Nvml:
 # beside NVML's to tell a measurement gap from a control gap).
 LIMITER_STATE_OFFSET = 2_009_536
 TOTAL_BUSY_OFFSET = LIMITER_STATE_OFFSET + 48
+CHARGE_SCALE_OFFSET = LIMITER_STATE_OFFSET + 88  # charge_scale_milli (limiter/mod.rs)
 
 
-def own_busy_ns(region):
+def region_u64(region, offset):
+    """A word of device 0's limiter state in the region (0 where it cannot be read)."""
     try:
         with open(region, "rb") as f:
-            f.seek(TOTAL_BUSY_OFFSET)
+            f.seek(offset)
             return int.from_bytes(f.read(8), "little")
     except OSError:
         return 0
+
+
+def own_busy_ns(region):
+    return region_u64(region, TOTAL_BUSY_OFFSET)
 
 
 class Proc:
@@ -135,6 +141,7 @@ def shrreg(region, *args):
 
 
 LAST = {}
+TRACE = {}
 
 
 def measure(nvml, procs, region=None):
@@ -146,6 +153,7 @@ def measure(nvml, procs, region=None):
     b0 = own_busy_ns(region) if region else 0
     utils, clocks, win, seen = [], [], [], w0
     fine = []  # each second's mean of NVML's own samples (`--per-second fine`)
+    scales = []  # each second's charge scale (x1000) in the region: did the calibration move?
     while time.monotonic() - t0 < MEASURE - 0.01:
         time.sleep(1.0)
         utils.append(nvml.util())
@@ -154,6 +162,11 @@ def measure(nvml, procs, region=None):
         win += got
         fine.append(round(sum(v for _, v in got) / len(got), 1) if got else utils[-1])
         seen = max([seen] + [ts for ts, _ in got])
+        if region:
+            scales.append(region_u64(region, CHARGE_SCALE_OFFSET))
+    # Kept in the JSON record only, beside the 1-s readings: a reading that leaves NVML's own
+    # samples of its second, or a step of the scale, is how a failed phase explains itself.
+    TRACE.update(fine=fine, scales=scales)
     t1 = time.monotonic()
     b1 = own_busy_ns(region) if region else 0
     if PER_SECOND_FINE:
@@ -199,7 +212,7 @@ def judge(name, cap, u0, k0, utils, k, extra=None):
     print(" ".join(f"{a}={b}" for a, b in rec.items()), flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "share.jsonl"), "a") as f:
-            f.write(json.dumps(dict(rec, samples=utils)) + "\n")
+            f.write(json.dumps(dict(rec, samples=utils, **TRACE)) + "\n")
     return rec["ok"]
 
 

@@ -637,6 +637,8 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     // Each request's three more synchronizes have nothing new to wait for: no spin each.
     assert!(n <= requests + 5, "the service lingered {n} times in {requests} requests (its extra synchronizes lingered)\n{err}");
     assert!(p90 < 2500.0, "a context synchronize waited {p90:.0} us (p90) for the service's 5 ms lingers\n{out}");
+    // Not suspended, no spin is held back (`withheld_spins` counts only the gate's holds).
+    assert_eq!(field(&err, "withheld_spins"), 0.0, "spins were held back with nothing holding the gate\n{err}");
     // Each spin goes through the gate, as the program's launches do (lower priorities see it
     // as the service's work): the same service without spins launches `per` a request.
     let (out_off, err_off) = lingering_service(&s, &[("VGPU_PRIORITY_LINGER_US", "0")], stream_waits);
@@ -721,8 +723,11 @@ fn a_suspended_lingering_service_synchronizes_without_waiting_for_the_resume() {
     // launched 1 ms after it returns, within the spin (so the spin pays).
     c.args(["--us", "500", "--gap-us", "1000", "--pause-us", "400000", "--seconds", "3", "--print-each"]);
     let mut hi = Bg::spawn(c, "service");
-    hi.wait_line("req=2 ", Duration::from_secs(10));
-    // Request 3 is launched about 1 ms later and synchronizes 400 ms after its launch.
+    // Five requests first: a spin pays from the third quick gap on (2% of the gaps' weight,
+    // `policy::linger::spin_pays`). Suspended after two, the synchronize under suspension tried
+    // no spin (withheld_spins=0, quick_gap_pct 1.6) and the rest of this test still passed.
+    hi.wait_line("req=5 ", Duration::from_secs(10));
+    // Request 6 is launched about 1 ms later and synchronizes 400 ms after its launch.
     std::thread::sleep(Duration::from_millis(150));
     let region = s.dir.join("hi.cache");
     let region = region.to_str().unwrap();
@@ -730,8 +735,10 @@ fn a_suspended_lingering_service_synchronizes_without_waiting_for_the_resume() {
     std::thread::sleep(Duration::from_millis(1500));
     common::tool(&s, "shrreg-tool", &["--file", region, "--resume"]);
     let (out, err) = hi.finish_both(Duration::from_secs(20));
-    // It lingered (its requests before the suspension): the path that could wait was taken.
+    // It lingered (its requests before the suspension), and under the suspension the gate held
+    // a spin back: the path that could wait was taken.
     assert!(lingers(&err) >= 1, "the service did not linger\n{err}");
+    assert!(field(&err, "withheld_spins") >= 1.0, "no spin was held back under the suspension: the synchronize did not take the spin's path\n{err}");
     let syncs: Vec<f64> = out.lines().filter(|l| l.starts_with("req=")).map(|l| field(l, "sync_us")).collect();
     let worst = syncs.iter().cloned().fold(0.0, f64::max);
     eprintln!("synchronizes of {} requests, the longest {worst:.0} us", syncs.len());

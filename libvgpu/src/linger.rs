@@ -115,6 +115,8 @@ static SYNCING: AtomicU32 = AtomicU32::new(0);
 /// Spins queued, and context synchronizes answered with events (the monitor's debug line).
 pub(crate) static QUEUED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static ANSWERED: AtomicU64 = AtomicU64::new(0);
+/// Spins not launched because the gate would have held them (a suspended container).
+pub(crate) static WITHHELD: AtomicU64 = AtomicU64::new(0);
 
 /// The monitor's tick: device `dev` lingers `linger_us` after each synchronize while a lower
 /// priority shares it and no hard cap bounds it.
@@ -420,6 +422,9 @@ fn spin(i: usize, slot: &Slot, ns: u64, launch: Launch) {
     // spin, 0.15-0.22 gated); its launch is not the program's new work (`FRESH` stays).
     // Where the gate would hold it, none is launched (`launch::gated_one_thread`).
     let r = launch(slot.func as CUfunction, slot.stream as CUstream, &mut params);
+    if r == CUDA_ERROR_NOT_READY {
+        WITHHELD.fetch_add(1, Relaxed);
+    }
     if r == CUDA_SUCCESS {
         // A context synchronize began meanwhile: its move may have come before ours.
         if SYNCING.load(SeqCst) > 0 {

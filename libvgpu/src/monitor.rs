@@ -141,12 +141,13 @@ fn run(rt: &'static Runtime) {
         }
         if GATE.load(Relaxed) {
             vgpu_core::debug!(
-                "launch gate: {} lingers={} answered_ctx_syncs={} linger_gaps={} quick_gap_pct={:.1}",
+                "launch gate: {} lingers={} answered_ctx_syncs={} linger_gaps={} quick_gap_pct={:.1} withheld_spins={}",
                 crate::launch::COUNTERS.summary(),
                 crate::linger::QUEUED.load(Relaxed),
                 crate::linger::ANSWERED.load(Relaxed),
                 crate::linger::GAPS_NOTED.load(Relaxed),
-                crate::linger::quick_gap_pct()
+                crate::linger::quick_gap_pct(),
+                crate::linger::WITHHELD.load(Relaxed)
             );
         }
         let ext = ps.region.slot_ext(ps.slot);
