@@ -122,7 +122,9 @@ def run(kind, secs, mode, nvml):
                          **(fast.second(int((b - 1.0) * 1e9), int(b * 1e9)) if fast else {})))
     if fast:
         fast.stop = True
-        rows.append(dict(polled=quantiles([v for t, v in fast.rows if int(t0 * 1e9) <= t])))
+        mine = [(t, v) for t, v in fast.rows if int(t0 * 1e9) <= t]
+        # Every polled value, (ms from the first second's start, percent), in the JSON record.
+        rows.append(dict(polled=quantiles([v for _, v in mine]), series=[(round((t - t0 * 1e9) / 1e6), v) for t, v in mine]))
     time.sleep(0.3)
     if watch:
         watch.stop = True
@@ -139,7 +141,8 @@ def main():
     nvml = Nvml()
     for mode in modes:
         rows = run(kind, secs, mode, nvml)
-        polled = rows.pop()["polled"] if rows and "polled" in rows[-1] else None
+        fast = rows.pop() if rows and "polled" in rows[-1] else {}
+        polled = fast.get("polled")
         snaps = [r["snap"] for r in rows]
         fine = [v for r in rows for v in r["fine"]]
         mean = sum(snaps) / len(snaps)
@@ -157,7 +160,7 @@ def main():
                       f"closed={r.get('closed')} min_tokens_ms={r.get('min_tokens_ms')} scale={r.get('scale')}", flush=True)
         if os.environ.get("OUT"):
             with open(os.path.join(os.environ["OUT"], "dip_probe.jsonl"), "a") as f:
-                f.write(json.dumps(dict(kind=kind, mode=mode, rows=rows, polled=polled)) + "\n")
+                f.write(json.dumps(dict(kind=kind, mode=mode, rows=rows, polled=polled, series=fast.get("series"))) + "\n")
 
 
 if __name__ == "__main__":
