@@ -28,34 +28,31 @@ pub mod dlsym;
 pub mod ioctl;
 pub mod procaddr;
 
+/// Whether `b[at..]` begins with `p` (a `const fn`: the shims decide at compile time).
+const fn has_at(b: &[u8], at: usize, p: &[u8]) -> bool {
+    if at + p.len() > b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < p.len() {
+        if b[at + i] != p[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 /// A `_ptsz` / `_ptds` entry point: its null stream is the calling thread's default stream.
 pub const fn per_thread_stream(name: &str) -> bool {
     let b = name.as_bytes();
-    let n = b.len();
-    n > 5
-        && b[n - 5] == b'_'
-        && b[n - 4] == b'p'
-        && b[n - 3] == b't'
-        && ((b[n - 2] == b's' && b[n - 1] == b'z') || (b[n - 2] == b'd' && b[n - 1] == b's'))
+    b.len() > 5 && (has_at(b, b.len() - 5, b"_ptsz") || has_at(b, b.len() - 5, b"_ptds"))
 }
 
 /// Whether a launch entry point runs kernels (`cuLaunch*`, `cuGraphLaunch*`), not a copy or memset.
 pub const fn runs_kernels(name: &str) -> bool {
-    const fn starts(b: &[u8], p: &[u8]) -> bool {
-        if b.len() < p.len() {
-            return false;
-        }
-        let mut i = 0;
-        while i < p.len() {
-            if b[i] != p[i] {
-                return false;
-            }
-            i += 1;
-        }
-        true
-    }
     let b = name.as_bytes();
-    starts(b, b"cuLaunch") || starts(b, b"cuGraphLaunch")
+    has_at(b, 0, b"cuLaunch") || has_at(b, 0, b"cuGraphLaunch")
 }
 
 /// One hooked symbol.
@@ -203,6 +200,16 @@ pub unsafe fn hook_for_cstr(symbol: *const c_char) -> Option<*mut c_void> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ptsz_and_ptds_entry_points_use_the_per_thread_stream() {
+        for k in ["cuLaunchKernel_ptsz", "cuMemcpyAsync_ptsz", "cuMemsetD32_v2_ptds"] {
+            assert!(per_thread_stream(k), "{k}");
+        }
+        for k in ["cuLaunchKernel", "_ptsz", "cuMemcpy_ptdz", "cuMemcpy_pts", ""] {
+            assert!(!per_thread_stream(k), "{k}");
+        }
+    }
 
     #[test]
     fn kernel_and_graph_launches_run_kernels_copies_and_memsets_do_not() {
