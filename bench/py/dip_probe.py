@@ -14,7 +14,8 @@ second its budget was closed (`closed`), its lowest balance (ms) and the charge 
 usage: dip_probe.py KIND SECS MODE...   MODE: off | nocap | capN | switchN (start uncapped, the cap
        set at run time with shrreg-tool as share.py does; switchA_B: A for 11 s, then B), each also
        alt_... (ALT=another build)
-Env: DIST, LIBVGPU, ALT, WARM (default 4), DEBUG (set: the hook's debug log, kept in $OUT),
+Env: DIST, LIBVGPU, ALT, WARM (default 4), DEBUG (set: the hook's debug log, kept in $OUT; with STAMP
+set each line begins with when it came, time.monotonic(), as the series' t0),
 OUT (dip_probe.jsonl and logs), FAST_MS (set: also poll the reading every FAST_MS ms, to see what
 each ~100-ms window of the step reads, not only the one the 1-s snapshot lands on: per second its
 lowest and highest value, and over the run the spread of every value polled).
@@ -124,7 +125,7 @@ def run(kind, secs, mode, nvml):
         fast.stop = True
         mine = [(t, v) for t, v in fast.rows if int(t0 * 1e9) <= t]
         # Every polled value, (ms from the first second's start, percent), in the JSON record.
-        rows.append(dict(polled=quantiles([v for _, v in mine]), series=[(round((t - t0 * 1e9) / 1e6), v) for t, v in mine]))
+        rows.append(dict(polled=quantiles([v for _, v in mine]), t0=round(t0, 4), series=[(round((t - t0 * 1e9) / 1e6), v) for t, v in mine]))
     time.sleep(0.3)
     if watch:
         watch.stop = True

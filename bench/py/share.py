@@ -117,8 +117,9 @@ class Proc:
         self.reader.start()
 
     def _read(self):
+        stamp = bool(os.environ.get("STAMP"))  # each line prefixed with its arrival (monotonic s)
         for line in self.p.stdout:
-            self.log.append(line)
+            self.log.append(f"{time.monotonic():.4f} {line}" if stamp else line)
             if line.startswith("progress "):
                 kv = dict(x.split("=", 1) for x in line.split()[1:])
                 self.points.append((float(kv["t"]), float(kv["n"])))

@@ -10,8 +10,9 @@ usage: workloads.py KIND [--seconds S]
   cupy     CuPy: cuBLAS matmul, an NVRTC-compiled elementwise kernel and a reduction, in a loop,
            synchronize every 10
 Prints `progress t=<time.monotonic()> n=<steps>` about every 250 ms (after warm-up), until
-killed or S seconds pass (default: forever).
+killed or S seconds pass (default: forever); with STEP_TIMES set, also `step t=...` after every step.
 """
+import os
 import sys
 import time
 
@@ -242,6 +243,9 @@ def profiled(kind, steps, warmup, cpu=False):
     return prof
 
 
+STEP_TIMES = bool(os.environ.get("STEP_TIMES"))  # a line at every step's end (dip_probe.py's logs)
+
+
 def main():
     kind = sys.argv[1]
     secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else float("inf")
@@ -255,6 +259,8 @@ def main():
         step()
         n += 1
         now = time.monotonic()
+        if STEP_TIMES:
+            print(f"step t={now:.4f}", flush=True)
         if now - last >= 0.25:
             print(f"progress t={now:.4f} n={n}", flush=True)
             last = now
