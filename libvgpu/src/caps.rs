@@ -73,17 +73,24 @@ pub(crate) fn paused(rt: &Runtime, ps: &ProcState) -> bool {
 
 /// Hold a launch while the container is suspended (`shrreg-tool --suspend`: until resumed) or
 /// paused by the priority protocol (at most `max_ns`, so a collective cannot deadlock on it).
-pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) {
+/// Returns how long the priority pause held it (a suspension is the operator's, and not
+/// counted): the launch's later holds get only what is left of the same bound.
+pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) -> u64 {
     if !paused(rt, ps) {
-        return; // the common case: no clock read
+        return 0; // the common case: no clock read
     }
-    let start = vgpu_core::clock::now_ns();
+    let (mut last, mut held) = (vgpu_core::clock::now_ns(), 0u64);
     let mut said = false;
     loop {
+        let now = vgpu_core::clock::now_ns();
         let suspended = ps.region.suspended();
-        let priority_hold = low_priority_paused(rt, ps) && vgpu_core::clock::now_ns() - start < max_ns;
+        if !suspended {
+            held += now.saturating_sub(last);
+        }
+        last = now;
+        let priority_hold = low_priority_paused(rt, ps) && held < max_ns;
         if !suspended && !priority_hold {
-            return;
+            return held.min(max_ns);
         }
         if !said {
             vgpu_core::info!("launches held: {}", if suspended { "container suspended" } else { "lower priority" });

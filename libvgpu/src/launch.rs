@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use vgpu_core::limiter::eventclock::EventClock;
-use vgpu_core::limiter::{hold, Clock, EventState, Events, Meter, Step, StreamKey};
+use vgpu_core::limiter::{hold_for, Clock, EventState, Events, Meter, Step, StreamKey};
 use vgpu_core::log::Spent;
 use vgpu_core::MAX_DEVICES;
 
@@ -445,7 +445,8 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
         return None;
     }
     crate::node::launched_on(dev, vgpu_core::clock::fast_now_ns());
-    crate::caps::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
+    // One bound for all of a launch's waits (`MAX_HOLD_NS`): the pause's share, then the gate's.
+    let paused_ns = crate::caps::wait_while_paused(rt, ps, vgpu_core::limiter::MAX_HOLD_NS);
     // A launch into a capture does not run now (the graph's launch is gated instead).
     COUNTERS.gated.fetch_add(1, Relaxed);
     if driver::stream_capturing(stream) {
@@ -506,7 +507,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
         step
     };
     let held = match who {
-        Launcher::Program { .. } => hold(&mut SysClock, &mut step),
+        Launcher::Program { .. } => hold_for(&mut SysClock, vgpu_core::limiter::MAX_HOLD_NS - paused_ns, &mut step),
         // The spin goes only where the gate says go at once.
         Launcher::Spin => match step(vgpu_core::clock::now_ns()) {
             Step::Go => 0,

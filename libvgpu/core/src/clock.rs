@@ -71,21 +71,31 @@ pub fn calibrate() {
         let t = unsafe { core::arch::x86_64::_rdtsc() };
         let m = now_ns();
         let mut prev = PREV.lock().unwrap_or_else(|p| p.into_inner());
-        let q = match *prev {
-            Some((pt, pm)) if t > pt && m > pm + 1_000_000 => {
-                let q = (((m - pm) as u128) << 32) / (t - pt) as u128;
-                // Plausible TSC rates: 0.2 to 10 GHz.
-                if ((1u128 << 32) / 10..=(5u128 << 32)).contains(&q) { q as u64 } else { 0 }
-            }
-            Some(_) => return, // too soon to measure a rate
-            None => 0,
-        };
+        let Some(q) = tsc_rate_q32(*prev, t, m) else { return };
         *prev = Some((t, m));
         CAL_SEQ.fetch_add(1, AcqRel);
         CAL_TSC.store(t, Relaxed);
         CAL_MONO.store(m, Relaxed);
         CAL_NS_PER_TICK_Q32.store(q, Relaxed);
         CAL_SEQ.fetch_add(1, Release);
+    }
+}
+
+/// The calibration a TSC reading `t` at monotonic `m` gives after the point `prev`: ns per tick
+/// in 32.32 fixed point, 0 to use `now_ns()` instead (no rate yet, an implausible one, or a
+/// counter that went backwards: a resume that reset it would otherwise freeze `fast_now_ns` at
+/// the old calibration point until the counter caught up), or `None`: too soon to measure.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn tsc_rate_q32(prev: Option<(u64, u64)>, t: u64, m: u64) -> Option<u64> {
+    match prev {
+        Some((pt, pm)) if t > pt && m > pm + 1_000_000 => {
+            let q = (((m - pm) as u128) << 32) / (t - pt) as u128;
+            // Plausible TSC rates: 0.2 to 10 GHz.
+            Some(if ((1u128 << 32) / 10..=(5u128 << 32)).contains(&q) { q as u64 } else { 0 })
+        }
+        Some((pt, _)) if t <= pt => Some(0),
+        Some(_) => None,
+        None => Some(0),
     }
 }
 
@@ -130,6 +140,20 @@ mod tests {
             assert!(f + 200_000 >= a && f <= b + 200_000, "fast {f} vs [{a}, {b}]");
             sleep_ns(1_000_000);
         }
+    }
+
+    #[test]
+    fn a_counter_that_went_backwards_turns_the_fast_clock_off_until_a_new_rate() {
+        let (t, m) = (1_000_000_000_000u64, 5_000_000_000u64);
+        // 3 GHz: 1/3 ns a tick.
+        let q = tsc_rate_q32(Some((t, m)), t + 300_000_000, m + 100_000_000).expect("a rate");
+        assert_eq!(q, (1u64 << 32) / 3);
+        assert_eq!(tsc_rate_q32(Some((t, m)), t + 3_000, m + 1_000), None, "too soon");
+        // Reset by a resume: the counter restarts near zero while time went on.
+        assert_eq!(tsc_rate_q32(Some((t, m)), 42, m + 100_000_000), Some(0));
+        assert_eq!(tsc_rate_q32(Some((t, m)), t, m + 100_000_000), Some(0));
+        assert_eq!(tsc_rate_q32(None, t, m), Some(0), "one point gives no rate");
+        assert_eq!(tsc_rate_q32(Some((t, m)), t + 1, m + 100_000_000), Some(0), "an implausible rate");
     }
 
     #[test]

@@ -637,7 +637,9 @@ impl<E: Copy> Meter<E> {
             return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
         bucket.refill_to(now, cap as u32, self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32)));
-        let balance = bucket.balance();
+        // Floored as the refill floors it (a charge since the last refill may be below): no
+        // closure past one full hold.
+        let balance = bucket.balance().max(-super::max_debt_ns(cap as u32));
         if balance >= -DEBT_SLEEP_NS || self.runs_beside_queued_work(i, || balance, now) {
             return Step::Go;
         }
@@ -780,22 +782,38 @@ impl<E: Copy> Meter<E> {
 /// Run gate steps until one says go, or `MAX_HOLD_NS` passed in total (a stalled rank must not
 /// deadlock a collective). `step` takes whatever lock it needs itself: nothing is held while this
 /// waits. Returns the time held.
-pub fn hold(clk: &mut impl Clock, mut step: impl FnMut(u64) -> Step) -> u64 {
+pub fn hold(clk: &mut impl Clock, step: impl FnMut(u64) -> Step) -> u64 {
+    hold_for(clk, MAX_HOLD_NS, step)
+}
+
+/// What one yield (`Clock::pause`) counts towards a hold when the clock does not move: a system
+/// call takes at least this long, so the count never runs ahead of real time.
+const PAUSE_COUNTS_NS: u64 = 100;
+
+/// `hold` for at most `budget_ns` (what is left of `MAX_HOLD_NS` after other waits of the same
+/// launch). The hold ends by the clock or by what it slept and yielded, whichever says more: a
+/// clock that stops (a time-stamp counter a resume reset runs behind its calibration point)
+/// would otherwise hold a launch forever.
+pub fn hold_for(clk: &mut impl Clock, budget_ns: u64, mut step: impl FnMut(u64) -> Step) -> u64 {
     let t0 = clk.now_ns();
+    let mut waited = 0u64;
     loop {
         let now = clk.now_ns();
-        let held = now.saturating_sub(t0);
+        let held = now.saturating_sub(t0).max(waited);
         match step(now) {
             Step::Go => return held,
             Step::Wait(ns) => {
-                if held >= MAX_HOLD_NS {
+                if held >= budget_ns {
                     return held;
                 }
-                let ns = ns.min(MAX_HOLD_NS - held);
-                if ns < super::SPIN_WAIT_NS {
+                let ns = ns.min(budget_ns - held);
+                // At the boundary too: a sleep of `ns - SPIN_WAIT_NS` = 0 would count nothing.
+                if ns <= super::SPIN_WAIT_NS {
                     clk.pause();
+                    waited += PAUSE_COUNTS_NS;
                 } else {
                     clk.sleep_ns(ns - super::SPIN_WAIT_NS);
+                    waited += ns - super::SPIN_WAIT_NS;
                 }
             }
         }
@@ -1245,5 +1263,111 @@ mod tests {
         s.tokens_ns.store(-2 * MS as i64, Relaxed);
         assert!(matches!(meter.gate(&mut evs, &b, Some(50), 3, T0 + 10_000), Step::Wait(_)));
         assert_eq!(meter.stats.beside_queued, 0);
+    }
+
+    /// Virtual time for `hold`: sleeps and yields move it.
+    struct Virt {
+        now: u64,
+        pauses: u64,
+    }
+    impl crate::limiter::Clock for Virt {
+        fn now_ns(&self) -> u64 {
+            self.now
+        }
+        fn sleep_ns(&mut self, ns: u64) {
+            self.now += ns
+        }
+        fn pause(&mut self) {
+            self.now += 10_000;
+            self.pauses += 1;
+        }
+    }
+
+    #[test]
+    fn work_a_hold_let_go_is_not_owed_past_one_full_hold() {
+        // 500 ms kernels under a cap of 10: every hold runs out (2 s) and the kernel goes. The
+        // debt that leaves is floored at what one full hold repays: without the floor it grew
+        // 0.1 s a second, and after 100 kernels a launch 10 s later still waited its 2 s.
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 10);
+        let mut clk = Virt { now: T0, pauses: 0 };
+        for k in 0..100u32 {
+            hold(&mut clk, |now| meter.gate(&mut evs, &b, Some(10), 1, now));
+            evs.states.insert(k, EventState::Done(clk.now + 500 * MS));
+            meter.launched(1, None, Some(k), clk.now, &mut evs);
+            clk.now += 500 * MS;
+            meter.synced(&mut evs, &b, clk.now);
+        }
+        assert!(s.closed_until_ns.load(Relaxed) <= clk.now + MAX_HOLD_NS, "closed {} ms ahead", (s.closed_until_ns.load(Relaxed) - clk.now) / MS);
+        clk.now += 10_000 * MS; // 10 s idle at cap 10 refill 1 s
+        let held = hold(&mut clk, |now| meter.gate(&mut evs, &b, Some(10), 1, now));
+        assert_eq!(held, 0, "balance {} ms", b.balance() / MS as i64);
+    }
+
+    #[test]
+    fn uncapped_the_bucket_stays_full_whatever_the_charge_scale() {
+        // Charged at a scale learned under a cap (NVML counted 1.7x what the events saw),
+        // a busy uncapped container must still start a later cap clean (it ran up 7 s of debt).
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        s.charge_scale_milli.store(1700, Relaxed);
+        b.refill(T0, 100);
+        for k in 0..10_000u32 {
+            let t = T0 + k as u64 * MS;
+            assert_eq!(meter.gate(&mut evs, &b, None, 1, t), Step::Go);
+            evs.states.insert(k, EventState::Done(t + MS));
+            meter.launched(1, None, Some(k), t, &mut evs);
+        }
+        assert!(b.balance() >= 0, "balance {} ms", b.balance() / MS as i64);
+    }
+
+    #[test]
+    fn a_refill_never_wraps_the_balance() {
+        // A bogus `now` (a clock jump) adds an absurd refill: the balance saturates at the
+        // bucket's ceiling, it does not wrap to -9e18 (a container that then never runs).
+        let (s, m) = (SharedDeviceState::default(), BusyMap::default());
+        let b = Bucket::new(&s, &m);
+        b.refill(1_000, 99);
+        s.tokens_ns.store(crate::limiter::save_ns(99), Relaxed);
+        b.refill_to(u64::MAX, 99, crate::limiter::save_ns(99));
+        assert_eq!(b.balance(), crate::limiter::save_ns(99));
+    }
+
+    #[test]
+    fn a_hold_ends_even_when_the_clock_stops() {
+        // A clock frozen at one instant (a time-stamp counter a resume reset): the hold ends by
+        // what it slept, and by what it yielded.
+        struct Frozen {
+            slept: u64,
+            pauses: u64,
+        }
+        impl crate::limiter::Clock for Frozen {
+            fn now_ns(&self) -> u64 {
+                T0
+            }
+            fn sleep_ns(&mut self, ns: u64) {
+                self.slept += ns
+            }
+            fn pause(&mut self) {
+                self.pauses += 1
+            }
+        }
+        let mut clk = Frozen { slept: 0, pauses: 0 };
+        assert!(hold(&mut clk, |_| Step::Wait(MAX_WAIT_NS)) >= MAX_HOLD_NS);
+        assert!(clk.slept <= MAX_HOLD_NS && clk.slept + clk.pauses * PAUSE_COUNTS_NS >= MAX_HOLD_NS, "slept {} ms", clk.slept / MS);
+        let mut clk = Frozen { slept: 0, pauses: 0 };
+        assert!(hold(&mut clk, |_| Step::Wait(MIN_WAIT_NS)) >= MAX_HOLD_NS);
+        assert_eq!(clk.pauses, MAX_HOLD_NS / PAUSE_COUNTS_NS);
+    }
+
+    #[test]
+    fn a_hold_keeps_to_what_is_left_of_the_bound() {
+        let mut clk = Virt { now: T0, pauses: 0 };
+        let held = hold_for(&mut clk, 500 * MS, |_| Step::Wait(MAX_WAIT_NS));
+        assert!((500 * MS..501 * MS).contains(&held), "held {} ms", held / MS);
+        let mut clk = Virt { now: T0, pauses: 0 };
+        assert_eq!(hold_for(&mut clk, 0, |_| Step::Wait(MAX_WAIT_NS)), 0, "nothing left: the launch goes");
+        assert_eq!(hold_for(&mut clk, 0, |_| Step::Go), 0);
     }
 }

@@ -28,7 +28,7 @@ pub mod meter;
 pub mod tenants;
 
 pub use busy::BusyMap;
-pub use meter::{hold, EventState, Events, Meter, MeterStats, Step, StreamKey};
+pub use meter::{hold, hold_for, EventState, Events, Meter, MeterStats, Step, StreamKey};
 
 /// Per-device limiter state shared by every process of a container (lives in the region
 /// extension, one per device). All fields are atomics: processes update it without a lock.
@@ -83,6 +83,15 @@ pub const SAVE_WINDOW_NS: u64 = 100_000_000;
 pub const SAVE_MAX_NS: i64 = 12_000_000;
 /// Debt tolerated before a launch waits (amortizes sleep overshoot and syscalls).
 pub const DEBT_SLEEP_NS: i64 = 1_000_000;
+
+/// The deepest debt a container capped at `cap`% keeps: what one full hold (`MAX_HOLD_NS`) at
+/// the cap repays, and the tolerated debt. Work a hold that ran out let go is not owed beyond
+/// it: 500 ms kernels under a cap of 10 ran up 0.1 s of debt a second without it, and after an
+/// hour every launch of every process waited its full 2 s, long after the work or the cap changed.
+/// Normal debts are a few ms (the queue bound); this binds only when holds run out.
+pub fn max_debt_ns(cap: u32) -> i64 {
+    (MAX_HOLD_NS as i64).saturating_mul(cap.min(100) as i64) / 100 + DEBT_SLEEP_NS
+}
 /// Longest a single launch may be held back, all waits included.
 pub const MAX_HOLD_NS: u64 = 2_000_000_000;
 /// Minimum spacing of bucket refills.
@@ -135,7 +144,9 @@ impl Bucket<'_> {
 
     /// `refill`, clamped to `burst_ns` (at least `BURST_NS`): `save_ns(cap)` for a capped
     /// container, or its part of the period while it takes turns with others (it saves its
-    /// share while they run, to spend it in its own part).
+    /// share while they run, to spend it in its own part). The debt is floored at
+    /// `max_debt_ns(cap)`, and at 0 uncapped (cap 100): an uncapped container is charged at its
+    /// calibrated scale, which may exceed 1, and a cap set later must start clean.
     pub fn refill_to(&self, now: u64, cap: u32, burst_ns: i64) {
         let burst = burst_ns.max(BURST_NS);
         let last = self.s.refilled_at_ns.load(Relaxed);
@@ -150,10 +161,10 @@ impl Bucket<'_> {
             return;
         }
         let add = ((now - last) as u128 * cap as u128 / 100).min(i64::MAX as u128) as i64;
-        let prev = self.s.tokens_ns.fetch_add(add, AcqRel);
-        if prev.saturating_add(add) > burst {
-            self.s.tokens_ns.fetch_min(burst, AcqRel);
-        }
+        let floor = if cap >= 100 { 0 } else { -max_debt_ns(cap) };
+        // One compare-and-swap: an add then a separate clamp could wrap the balance (a bogus
+        // `now`) or erase a charge another process made in between.
+        let _ = self.s.tokens_ns.fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add(add).min(burst).max(floor)));
     }
 
     /// Charge the busy interval `[start, end)` of one process: only the part no process of the
