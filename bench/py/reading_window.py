@@ -7,6 +7,9 @@ The compute cap is judged by that reading, and how much budget the hook may save
 highest reading it caused and how long the reading stayed above zero; their medians give the
 window (W = 100 * pulse / reading) and, beside them, NVML's own samples (nvmlDeviceGetSamples)
 of the same pulses.
+With a period that does not divide 200 ms (e.g. 1030) the pulses drift across NVML's refresh, and
+the share of them the reading sees tells a window on a fixed grid (an H100, session 31: (100 +
+pulse) / 200 of them, each read whole) from a sliding one (all of them).
 usage: reading_window.py [--pulse-ms 20] [--period-ms 1000] [--seconds 12]   env DIST
 """
 import os
@@ -70,7 +73,11 @@ def main():
         sys.exit(1)
     peak = statistics.median(peaks)
     nonzero = [s for s in samples if s > 0]
-    print(f"pulse_ms={pulse_ms:g} period_ms={period_ms:g} pulses={len(peaks)} reading_peaks={peaks} "
+    # A window of W ms on a fixed 200-ms grid sees (W + pulse) / 200 of pulses whose phase drifts
+    # across the grid (a period that does not divide 200 ms); a sliding one would see them all.
+    sent = max(1, int(seconds * 1000 / period_ms) - 1)  # the first stretch is left out above
+    print(f"pulse_ms={pulse_ms:g} period_ms={period_ms:g} pulses={len(peaks)} pulses_sent~{sent} "
+          f"seen_share={len(peaks) / sent:.2f} fixed_100ms_grid_predicts={min(1.0, (100 + pulse_ms) / 200):.2f} reading_peaks={peaks} "
           f"reading_peak_median={peak} implied_window_ms={100 * pulse_ms / peak:.0f} "
           f"nonzero_for_ms_median={statistics.median(lasts):.0f} polls={len(polls)} "
           f"changes={len(change_at)} change_spacing_ms_min={min(spacing, default=0):.0f} samples_nonzero={nonzero}")
