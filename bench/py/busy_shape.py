@@ -23,6 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dip_probe import ReadingPoll  # noqa: E402
 from share import Nvml, mode_env  # noqa: E402
 
 WARM = float(os.environ.get("WARM", "10"))
@@ -117,23 +118,16 @@ def main():
     kind, mode = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
     path = tempfile.mktemp(suffix=".json")
-    nv = Nvml()
+    poll = ReadingPoll(Nvml(), 5)
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", kind, str(steps), path],
-                         env=mode_env(mode), stdout=subprocess.PIPE)
-    polled, on = [], False
-    os.set_blocking(p.stdout.fileno(), False)
-    buf = ""
-    while p.poll() is None or buf:
-        chunk = p.stdout.read() or b""  # non-blocking: None when nothing came
-        buf += chunk.decode(errors="replace")
-        while "\n" in buf:
-            line, buf = buf.split("\n", 1)
-            on = {"profiling": True, "profiled": False}.get(line.strip(), on)
-        if p.poll() is not None and not chunk:
-            break
-        if on:
-            polled.append(nv.util())
-        time.sleep(0.005)
+                         env=mode_env(mode), stdout=subprocess.PIPE, text=True)
+    span = {}  # when the child said it began and ended profiling (monotonic ns)
+    for line in p.stdout:
+        if line.strip() in ("profiling", "profiled"):
+            span[line.strip()] = time.monotonic_ns()
+    poll.stop = True
+    a, b = span.get("profiling", float("inf")), span.get("profiled", time.monotonic_ns())
+    polled = [v for t, v in poll.rows if a <= t < b]
     if p.wait() != 0 or not os.path.exists(path):
         print(json.dumps({"kind": kind, "mode": mode, "error": f"child exited {p.returncode}"}))
         return 1
