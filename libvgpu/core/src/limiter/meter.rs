@@ -81,6 +81,8 @@ const EST_WINDOW: u32 = 8;
 pub const MAX_WAIT_NS: u64 = 20_000_000;
 /// Shortest wait for queued work (a poll interval).
 pub const MIN_WAIT_NS: u64 = 5_000;
+/// A kernel this far past its estimated end is waited for by sleeping (`overdue_wait_ns`).
+const OVERDUE_POLL_NS: u64 = 2_000_000;
 /// Streams remembered per device; idle ones beyond this are forgotten.
 const MAX_STREAMS: usize = 64;
 /// Timing events are recorded at most this often per stream (host time): a framework launching
@@ -620,7 +622,8 @@ impl<E: Copy> Meter<E> {
         if !self.streams[i].pending.is_empty() && queued >= target {
             self.stats.waits_queue += 1;
             let due = self.streams[i].head_expected_end();
-            return Step::Wait(due.saturating_sub(now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+            let wait = if due > now { due - now } else { overdue_wait_ns(now - due) };
+            return Step::Wait(wait.clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
         let Some(cap) = cap else {
             bucket.refill(now, 100);
@@ -628,15 +631,25 @@ impl<E: Copy> Meter<E> {
         };
         let cap = cap.max(1) as u64;
         // 2. Budget: closed until the debt is repaid, for every thread and process alike.
-        let closed = bucket.s.closed_until_ns.load(Relaxed);
+        let save = self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32));
+        let mut closed = bucket.s.closed_until_ns.load(Relaxed);
         if now < closed {
             if self.runs_beside_queued_work(i, || bucket.balance(), now) {
                 return Step::Go;
             }
-            self.stats.waits_budget += 1;
-            return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+            // Reckoned at the cap that set it: a cap raised since (by `shrreg-tool`, or a soft
+            // cap given the spare) repays the debt sooner. At the same cap this is `closed`.
+            let reopen = now.saturating_add(closure_ns(bucket.balance_at(now, cap as u32, save), cap));
+            if reopen < closed {
+                bucket.s.closed_until_ns.fetch_min(reopen, Relaxed);
+                closed = reopen;
+            }
+            if now < closed {
+                self.stats.waits_budget += 1;
+                return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+            }
         }
-        bucket.refill_to(now, cap as u32, self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32)));
+        bucket.refill_to(now, cap as u32, save);
         // Floored as the refill floors it (a charge since the last refill may be below): no
         // closure past one full hold.
         let balance = bucket.balance().max(-super::max_debt_ns(cap as u32));
@@ -644,7 +657,7 @@ impl<E: Copy> Meter<E> {
             return Step::Go;
         }
         self.stats.waits_budget += 1;
-        let until = now + balance.unsigned_abs().saturating_mul(100) / cap;
+        let until = now + closure_ns(balance, cap);
         bucket.s.closed_until_ns.fetch_max(until, Relaxed);
         Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
     }
@@ -777,6 +790,20 @@ impl<E: Copy> Meter<E> {
             }
         }
     }
+}
+
+/// How long a budget in debt by `-balance` stays closed at `cap`% (0 when not in debt).
+fn closure_ns(balance: i64, cap: u64) -> u64 {
+    balance.min(0).unsigned_abs().saturating_mul(100) / cap.max(1)
+}
+
+/// How long a launch waits, per look, behind a kernel `late_ns` past its estimated end. Up to
+/// `OVERDUE_POLL_NS` late it polls (an estimate a little short is the common case, and the
+/// queue behind may be short); later, an eighth of the lateness: a kernel far past its estimate
+/// (the first launch of a long kind) is waited for with a few dozen sleeps, not a core yielding
+/// for up to 2 s, and the launch goes at most an eighth late.
+fn overdue_wait_ns(late_ns: u64) -> u64 {
+    if late_ns < OVERDUE_POLL_NS { MIN_WAIT_NS } else { late_ns / 8 }
 }
 
 /// Run gate steps until one says go, or `MAX_HOLD_NS` passed in total (a stalled rank must not
@@ -1357,6 +1384,78 @@ mod tests {
         let mut clk = Frozen { slept: 0, pauses: 0 };
         assert!(hold(&mut clk, |_| Step::Wait(MIN_WAIT_NS)) >= MAX_HOLD_NS);
         assert_eq!(clk.pauses, MAX_HOLD_NS / PAUSE_COUNTS_NS);
+    }
+
+    #[test]
+    fn a_raised_cap_reopens_a_closed_budget_as_soon_as_it_repays_the_debt() {
+        // One 200 ms kernel under a cap of 5 closes the budget for 2 s (its debt, floored at
+        // one full hold's worth). Raised to 50, the same debt is repaid in 0.2 s: the closure,
+        // reckoned at the old cap, must not hold the launch for the rest of the 2 s.
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 5);
+        assert_eq!(meter.gate(&mut evs, &b, Some(5), 1, T0), Step::Go);
+        evs.states.insert(0, EventState::Done(T0 + 200 * MS));
+        meter.launched(1, None, Some(0), T0, &mut evs);
+        let t = T0 + 200 * MS;
+        meter.synced(&mut evs, &b, t);
+        assert!(matches!(meter.gate(&mut evs, &b, Some(5), 1, t), Step::Wait(_)));
+        assert!(s.closed_until_ns.load(Relaxed) >= t + 1_900 * MS, "closed {} ms", (s.closed_until_ns.load(Relaxed) - t) / MS);
+        let mut clk = Virt { now: t };
+        let held = hold(&mut clk, |now| meter.gate(&mut evs, &b, Some(50), 1, now));
+        assert!((150 * MS..=250 * MS).contains(&held), "held {} ms at the raised cap", held / MS);
+        // A lower cap does not shorten it, and the same cap keeps the closure it set.
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 50);
+        s.tokens_ns.store(-100 * MS as i64, Relaxed);
+        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0), Step::Wait(_)));
+        let closed = s.closed_until_ns.load(Relaxed);
+        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0 + 100 * MS), Step::Wait(_)));
+        assert!(matches!(meter.gate(&mut evs, &b, Some(10), 1, T0 + 100 * MS), Step::Wait(_)));
+        assert_eq!(s.closed_until_ns.load(Relaxed), closed);
+    }
+
+    #[test]
+    fn a_launch_behind_a_kernel_far_past_its_estimate_sleeps_rather_than_spins() {
+        // The first launch of a long kind: estimated 1 ms (an unmeasured stream), it runs
+        // 500 ms. The launch queued behind it waits for it, but not by yielding in a loop (one
+        // core busy for the whole kernel): the waits grow with how late the kernel is, and it
+        // still goes soon after the kernel ends.
+        struct Counting {
+            now: u64,
+            wakes: u64,
+        }
+        impl crate::limiter::Clock for Counting {
+            fn now_ns(&self) -> u64 {
+                self.now
+            }
+            fn sleep_ns(&mut self, ns: u64) {
+                self.now += ns;
+                self.wakes += 1;
+            }
+            fn pause(&mut self) {
+                self.now += 10_000;
+                self.wakes += 1;
+            }
+        }
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        b.refill(T0, 50);
+        meter.queue_bound_ns = Some(2 * MS);
+        meter.launched(1, None, Some(1), T0, &mut evs);
+        meter.launched(1, None, Some(2), T0, &mut evs);
+        let end = T0 + 500 * MS;
+        let mut clk = Counting { now: T0 + 10_000, wakes: 0 };
+        let held = hold(&mut clk, |now| {
+            if now >= end {
+                evs.states.insert(1, EventState::Done(end - 10_000));
+                evs.states.insert(2, EventState::Done(end));
+            }
+            meter.gate(&mut evs, &b, None, 1, now)
+        });
+        assert!(clk.now >= end && clk.now <= end + 70 * MS, "went {} ms after the kernel ended", (clk.now - end) / MS);
+        assert!(clk.wakes <= 400, "{} wake-ups in a {} ms wait", clk.wakes, held / MS);
     }
 
     #[test]

@@ -1,0 +1,100 @@
+"""How long and how busily a launch is held in two corners of the limiter (docs/reliability.md,
+session 32), on a real GPU, under the hook and with none.
+
+  raise    Capped at 5, one 200 ms kernel closes the budget for about 2 s; then the cap is raised
+           to 50 (shrreg-tool) and one short kernel is launched: `held_ms` is how long that launch
+           call took. At 50 the debt (floored at what one full hold repays: about 100 ms) is
+           repaid in about 0.2 s.
+  overdue  Capped at 50, a stream that learned 1 ms kernels launches one of 500 ms, then 40 of
+           1 ms without synchronizing: the launches behind the long one wait for it. `cpu_share` is
+           the process's CPU time over the wall time of those 40 launch calls (a core yielding in
+           a loop reads about 1).
+
+usage: hold_probe.py raise|overdue [ROUNDS]   env DIST (libvgpu.so, tools/shrreg-tool), LIBVGPU (another build),
+       OTHER_HOOKS (more builds to run beside it, colon-separated; each named by its folder)
+Prints one `hold_probe` line per round and hook (`none` runs the same steps with no hook and no cap).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import out  # noqa: E402
+from share import hook_lib, shrreg  # noqa: E402
+
+
+def sleep_cycles_per_ms(torch):
+    """SM clock cycles `torch.cuda._sleep` spins per ms, timed by events on a 20 ms kernel."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    for _ in range(2):
+        a.record()
+        torch.cuda._sleep(cycles)
+        b.record()
+        b.synchronize()
+    return cycles / a.elapsed_time(b)
+
+
+def child(case, region):
+    import torch
+    torch.cuda.init()
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    per_ms = sleep_cycles_per_ms(torch)
+    if case == "raise":
+        torch.cuda._sleep(int(200 * per_ms))
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1000)  # the launch after the debt: it sets the closure
+        torch.cuda.synchronize()
+        if region:
+            shrreg(region, "--set-sm-limit", "0", "50")
+        t = time.monotonic()
+        torch.cuda._sleep(1000)
+        held = time.monotonic() - t
+        torch.cuda.synchronize()
+        out(held_ms=held * 1e3)
+    else:
+        for _ in range(30):
+            torch.cuda._sleep(int(per_ms))
+            torch.cuda.synchronize()
+        torch.cuda._sleep(int(500 * per_ms))
+        t, c = time.monotonic(), time.process_time()
+        for _ in range(40):
+            torch.cuda._sleep(int(per_ms))
+        wall, cpu = time.monotonic() - t, time.process_time() - c
+        torch.cuda.synchronize()
+        out(launch_wall_ms=wall * 1e3, cpu_ms=cpu * 1e3, cpu_share=cpu / wall if wall > 0 else 0.0)
+
+
+def run(case, hook, rnd):
+    region = tempfile.mktemp(prefix="hold-probe-")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for k in [k for k in env if k.startswith("CUDA_DEVICE_")]:
+        env.pop(k)
+    if hook != "none":
+        env.update(LD_PRELOAD=hook, CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
+                   CUDA_DEVICE_SM_LIMIT="5" if case == "raise" else "50")
+    r = subprocess.run([sys.executable, __file__, "--child", case, region if hook != "none" else ""],
+                       env=env, capture_output=True, text=True, timeout=60)
+    line = next((ln for ln in r.stdout.splitlines() if "=" in ln), f"error=rc{r.returncode}:{r.stderr.strip()[-200:]}")
+    print(f"hold_probe case={case} hook={os.path.basename(os.path.dirname(hook)) if hook != 'none' else 'none'} round={rnd} {line}", flush=True)
+    try:
+        os.unlink(region)
+    except OSError:
+        pass
+
+
+def main():
+    if sys.argv[1] == "--child":
+        return child(sys.argv[2], sys.argv[3])
+    case, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    hooks = [hook_lib()] + [p for p in os.environ.get("OTHER_HOOKS", "").split(":") if p] + ["none"]
+    for rnd in range(1, rounds + 1):
+        for hook in hooks:
+            run(case, hook, rnd)
+
+
+if __name__ == "__main__":
+    main()
