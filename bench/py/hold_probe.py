@@ -1,10 +1,10 @@
 """How long and how busily a launch is held in two corners of the limiter (docs/reliability.md,
 session 32), on a real GPU, under the hook and with none.
 
-  raise    Capped at 5, one 200 ms kernel closes the budget for about 2 s; then the cap is raised
-           to 50 (shrreg-tool) and one short kernel is launched: `held_ms` is how long that launch
-           call took. At 50 the debt (floored at what one full hold repays: about 100 ms) is
-           repaid in about 0.2 s.
+  raise    Capped at 5, one 200 ms kernel closes the budget for about 2 s: the next launch is
+           held. 0.4 s into that hold the cap is raised to 50 (shrreg-tool), which has repaid the
+           debt (floored at what one full hold repays: about 100 ms) by then. `held_ms` is how
+           long that launch call took: about 400 once the hold follows the raise, 2000 if not.
   overdue  Capped at 50, a stream that learned 1 ms kernels launches one of 500 ms, then 40 of
            1 ms without synchronizing: the launches behind the long one wait for it. `cpu_share` is
            the process's CPU time over the wall time of those 40 launch calls (a core yielding in
@@ -18,11 +18,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import out  # noqa: E402
 from share import hook_lib, shrreg  # noqa: E402
+
+RAISE_AFTER_S = 0.4
 
 
 def sleep_cycles_per_ms(torch):
@@ -46,10 +49,8 @@ def child(case, region):
     if case == "raise":
         torch.cuda._sleep(int(200 * per_ms))
         torch.cuda.synchronize()
-        torch.cuda._sleep(1000)  # the launch after the debt: it sets the closure
-        torch.cuda.synchronize()
-        if region:
-            shrreg(region, "--set-sm-limit", "0", "50")
+        if region:  # raised while the next launch is held
+            threading.Timer(RAISE_AFTER_S, shrreg, (region, "--set-sm-limit", "0", "50")).start()
         t = time.monotonic()
         torch.cuda._sleep(1000)
         held = time.monotonic() - t

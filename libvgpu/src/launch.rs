@@ -458,12 +458,14 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
         return Some(LaunchTicket::default());
     };
     let bucket = ps.region.bucket(dev);
-    let cap = crate::caps::effective_cap(rt, ps, dev);
     let contended = CONTENDED[dev].load(Relaxed);
     let owner = ps.slot.index() as u64 + 1;
     // When the gate says go, the same lock and capture-mode switch also prepare the launch.
     let mut prepared = None;
     let mut step = |now| {
+        // Read at every look: a cap raised while the launch is held (shrreg-tool, a soft cap given
+        // the spare) ends the hold as soon as the new cap has repaid the debt.
+        let cap = crate::caps::effective_cap(rt, ps, dev);
         // A higher-priority container has work on this GPU (node file): wait, bounded as any hold.
         if crate::node::hold_now(rt, dev, now) {
             // Held, the container saves no more than a burst: it must not make up for the hold
