@@ -11,7 +11,8 @@ session 32), on a real GPU, under the hook and with none.
            a loop reads about 1).
 
 usage: hold_probe.py raise|overdue [ROUNDS]   env DIST (libvgpu.so, tools/shrreg-tool), LIBVGPU (another build),
-       OTHER_HOOKS (more builds to run beside it, colon-separated; each named by its folder)
+       OTHER_HOOKS (more builds to run beside it, colon-separated; each named by its folder),
+       DEBUG (set: the hook's debug log of each hooked run, with the child's output, in $OUT)
 Prints one `hold_probe` line per round and hook (`none` runs the same steps with no hook and no cap).
 """
 import os
@@ -47,15 +48,18 @@ def child(case, region):
     torch.cuda.synchronize()
     per_ms = sleep_cycles_per_ms(torch)
     if case == "raise":
+        t = time.monotonic()
         torch.cuda._sleep(int(200 * per_ms))
+        t1 = time.monotonic()
         torch.cuda.synchronize()
+        t2 = time.monotonic()
         if region:  # raised while the next launch is held
             threading.Timer(RAISE_AFTER_S, shrreg, (region, "--set-sm-limit", "0", "50")).start()
         t = time.monotonic()
         torch.cuda._sleep(1000)
         held = time.monotonic() - t
         torch.cuda.synchronize()
-        out(held_ms=held * 1e3)
+        out(held_ms=held * 1e3, long_launch_ms=(t1 - t) * 1e3, long_sync_ms=(t2 - t1) * 1e3, cycles_per_ms=per_ms)
     else:
         for _ in range(30):
             torch.cuda._sleep(int(per_ms))
@@ -77,9 +81,14 @@ def run(case, hook, rnd):
     if hook != "none":
         env.update(LD_PRELOAD=hook, CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
                    CUDA_DEVICE_SM_LIMIT="5" if case == "raise" else "50")
+    if os.environ.get("DEBUG") and hook != "none":
+        env["LIBCUDA_LOG_LEVEL"] = "4"
     r = subprocess.run([sys.executable, __file__, "--child", case, region if hook != "none" else ""],
                        env=env, capture_output=True, text=True, timeout=60)
     line = next((ln for ln in r.stdout.splitlines() if "=" in ln), f"error=rc{r.returncode}:{r.stderr.strip()[-200:]}")
+    if os.environ.get("DEBUG") and os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"hold-probe-{case}-{rnd}-{len(hook)}.log"), "w") as f:
+            f.write(r.stdout + r.stderr)
     print(f"hold_probe case={case} hook={os.path.basename(os.path.dirname(hook)) if hook != 'none' else 'none'} round={rnd} {line}", flush=True)
     try:
         os.unlink(region)
