@@ -46,9 +46,11 @@ def child(case, region):
     torch.cuda.init()
     torch.cuda._sleep(1000)
     torch.cuda.synchronize()
-    per_ms = sleep_cycles_per_ms(torch)
+    # Timed under the hook, a held launch's wait would count as the kernel's: the unhooked
+    # run's figure is passed on.
+    per_ms = float(os.environ.get("HOLD_PROBE_PER_MS") or sleep_cycles_per_ms(torch))
     if case == "raise":
-        t = time.monotonic()
+        t0 = time.monotonic()
         torch.cuda._sleep(int(200 * per_ms))
         t1 = time.monotonic()
         torch.cuda.synchronize()
@@ -59,7 +61,7 @@ def child(case, region):
         torch.cuda._sleep(1000)
         held = time.monotonic() - t
         torch.cuda.synchronize()
-        out(held_ms=held * 1e3, long_launch_ms=(t1 - t) * 1e3, long_sync_ms=(t2 - t1) * 1e3, cycles_per_ms=per_ms)
+        out(held_ms=held * 1e3, long_launch_ms=(t1 - t0) * 1e3, long_sync_ms=(t2 - t1) * 1e3, cycles_per_ms=per_ms)
     else:
         for _ in range(30):
             torch.cuda._sleep(int(per_ms))
@@ -70,10 +72,10 @@ def child(case, region):
             torch.cuda._sleep(int(per_ms))
         wall, cpu = time.monotonic() - t, time.process_time() - c
         torch.cuda.synchronize()
-        out(launch_wall_ms=wall * 1e3, cpu_ms=cpu * 1e3, cpu_share=cpu / wall if wall > 0 else 0.0)
+        out(launch_wall_ms=wall * 1e3, cpu_ms=cpu * 1e3, cpu_share=cpu / wall if wall > 0 else 0.0, cycles_per_ms=per_ms)
 
 
-def run(case, hook, rnd):
+def run(case, hook, rnd, per_ms=None):
     region = tempfile.mktemp(prefix="hold-probe-")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for k in [k for k in env if k.startswith("CUDA_DEVICE_")]:
@@ -81,29 +83,35 @@ def run(case, hook, rnd):
     if hook != "none":
         env.update(LD_PRELOAD=hook, CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
                    CUDA_DEVICE_SM_LIMIT="5" if case == "raise" else "50")
+    if per_ms:
+        env["HOLD_PROBE_PER_MS"] = str(per_ms)
     if os.environ.get("DEBUG") and hook != "none":
         env["LIBCUDA_LOG_LEVEL"] = "4"
     r = subprocess.run([sys.executable, __file__, "--child", case, region if hook != "none" else ""],
                        env=env, capture_output=True, text=True, timeout=60)
     line = next((ln for ln in r.stdout.splitlines() if "=" in ln), f"error=rc{r.returncode}:{r.stderr.strip()[-200:]}")
+    label = os.path.basename(os.path.dirname(hook)) if hook != "none" else "none"
     if os.environ.get("DEBUG") and os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], f"hold-probe-{case}-{rnd}-{len(hook)}.log"), "w") as f:
+        with open(os.path.join(os.environ["OUT"], f"hold-probe-{case}-{label}-{rnd}.log"), "w") as f:
             f.write(r.stdout + r.stderr)
-    print(f"hold_probe case={case} hook={os.path.basename(os.path.dirname(hook)) if hook != 'none' else 'none'} round={rnd} {line}", flush=True)
+    print(f"hold_probe case={case} hook={label} round={rnd} {line}", flush=True)
+    per_ms = next((float(kv.split("=")[1]) for kv in line.split() if kv.startswith("cycles_per_ms=")), None)
     try:
         os.unlink(region)
     except OSError:
         pass
+    return per_ms
 
 
 def main():
     if sys.argv[1] == "--child":
         return child(sys.argv[2], sys.argv[3])
     case, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    hooks = [hook_lib()] + [p for p in os.environ.get("OTHER_HOOKS", "").split(":") if p] + ["none"]
+    hooks = [hook_lib()] + [p for p in os.environ.get("OTHER_HOOKS", "").split(":") if p]
     for rnd in range(1, rounds + 1):
+        per_ms = run(case, "none", rnd)  # first: it times the sleep kernel for the others
         for hook in hooks:
-            run(case, hook, rnd)
+            run(case, hook, rnd, per_ms)
 
 
 if __name__ == "__main__":
