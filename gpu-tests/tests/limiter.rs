@@ -180,36 +180,37 @@ fn a_cap_raised_during_a_hold_frees_the_held_launch() {
     let mut c = mock_command(&artifacts().sample("test_streams"), &s, true);
     c.args(["--us", "200000", "--seconds", "4", "--progress"]).env("CUDA_DEVICE_SM_LIMIT", "5");
     let mut child = spawn(c);
-    // `progress t=<s> n=<GPU ms launched>`, every 250 ms.
-    let progress = |l: &str| Some((key_f64(l, "t"), key_f64(l, "n")));
     let (mut head, mut r) = read_until(&mut child, "progress ");
-    let mut next = |head: &mut String| {
-        use std::io::BufRead;
-        let mut line = String::new();
-        assert!(r.read_line(&mut line).unwrap() > 0, "sample ended early:\n{head}");
-        head.push_str(&line);
-        line.starts_with("progress ").then(|| progress(&line)).flatten()
-    };
-    let mut first_at = None;
-    let raised_at = loop {
-        let Some((t, n)) = next(&mut head) else { continue };
-        if n >= 200.0 && first_at.is_none() {
-            first_at = Some(t);
-        }
-        if first_at.is_some_and(|f| t - f >= 0.4) {
-            assert!(n < 400.0, "the second kernel went before the raise: the closure did not hold it\n{head}");
-            shrreg(&s, &["--set-sm-limit", "0", "50"]);
-            break t;
-        }
-    };
-    let went_at = loop {
-        if let Some((t, n)) = next(&mut head) {
-            if n >= 400.0 {
+    let (raised_at, went_at) = {
+        // The next `progress t=<s> n=<GPU ms launched>` line (one every 250 ms), if it is one.
+        let mut next = |head: &mut String| {
+            use std::io::BufRead;
+            let mut line = String::new();
+            assert!(r.read_line(&mut line).unwrap() > 0, "sample ended early:\n{head}");
+            head.push_str(&line);
+            line.starts_with("progress ").then(|| (key_f64(&line, "t"), key_f64(&line, "n")))
+        };
+        let mut first_at = None;
+        let raised_at = loop {
+            let Some((t, n)) = next(&mut head) else { continue };
+            if n >= 200.0 && first_at.is_none() {
+                first_at = Some(t);
+            }
+            if first_at.is_some_and(|f| t - f >= 0.4) {
+                assert!(n < 400.0, "the second kernel went before the raise: the closure did not hold it\n{head}");
+                shrreg(&s, &["--set-sm-limit", "0", "50"]);
                 break t;
             }
-        }
+        };
+        let went_at = loop {
+            if let Some((t, n)) = next(&mut head) {
+                if n >= 400.0 {
+                    break t;
+                }
+            }
+        };
+        (raised_at, went_at)
     };
-    drop(next);
     let out = finish_reader(child, head, r);
     assert!(went_at - raised_at < 1.0, "the held launch went {:.2} s after the raise (the old cap's closure)\n{out}", went_at - raised_at);
 }
