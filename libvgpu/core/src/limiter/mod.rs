@@ -52,7 +52,8 @@ pub struct SharedDeviceState {
     pub last_launch_ns: AtomicU64,
     /// The container's launches wait until then (set by whoever found the bucket in debt):
     /// every thread and process resumes at the same instant, so kernels that ran side by side
-    /// uncapped still do under the cap.
+    /// uncapped still do under the cap. Its low 7 bits: the cap it was reckoned at
+    /// (`meter::closure_of`).
     pub closed_until_ns: AtomicU64,
     /// End of the latest interval charged, and which process (`Meter::owner`) charged it.
     pub union_end_ns: AtomicU64,
