@@ -915,6 +915,15 @@ mod tests {
         (SharedDeviceState::default(), BusyMap::default(), Scripted::default(), Meter::default())
     }
 
+    /// Put the bucket `debt_ns` in debt at cap `cap` (refilled at `T0`), let a launch at `at`
+    /// find it closed; returns the closure word it left.
+    fn close_with_debt(meter: &mut Meter<u32>, evs: &mut Scripted, b: &Bucket<'_>, cap: u32, debt_ns: i64, at: u64) -> u64 {
+        b.refill(T0, cap);
+        b.s.tokens_ns.store(-debt_ns, Relaxed);
+        assert!(matches!(meter.gate(evs, b, Some(cap), 1, at), Step::Wait(_)));
+        b.s.closed_until_ns.load(Relaxed)
+    }
+
     #[test]
     fn the_launch_estimate_weighs_every_launch_alike() {
         // A training step: a lone 1.5 ms GEMM, then fifty 5 us kernels in one event interval.
@@ -1433,10 +1442,7 @@ mod tests {
         // A lower cap does not shorten it, and the same cap keeps the closure it set.
         let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        b.refill(T0, 50);
-        s.tokens_ns.store(-100 * MS as i64, Relaxed);
-        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0), Step::Wait(_)));
-        let closed = s.closed_until_ns.load(Relaxed);
+        let closed = close_with_debt(&mut meter, &mut evs, &b, 50, 100 * MS as i64, T0);
         assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0 + 100 * MS), Step::Wait(_)));
         assert!(matches!(meter.gate(&mut evs, &b, Some(10), 1, T0 + 100 * MS), Step::Wait(_)));
         assert_eq!(s.closed_until_ns.load(Relaxed), closed);
@@ -1449,10 +1455,8 @@ mod tests {
         // closure (the refill's view), the launch went 9 ms after the raise (a review).
         let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        b.refill(T0, 5);
-        s.tokens_ns.store(-101 * MS as i64, Relaxed);
         let t = T0 + MS;
-        assert!(matches!(meter.gate(&mut evs, &b, Some(5), 1, t), Step::Wait(_)));
+        close_with_debt(&mut meter, &mut evs, &b, 5, 101 * MS as i64, t);
         let mut clk = Virt { now: t + 1_000 * MS };
         let held = hold(&mut clk, |now| meter.gate(&mut evs, &b, Some(10), 1, now));
         assert!((480 * MS..=540 * MS).contains(&held), "went {} ms after the raise", held / MS);
@@ -1465,19 +1469,13 @@ mod tests {
         // earlier when it was reckoned again from the balance (a review: by 10 ms, by 40 us).
         let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        b.refill(T0, 50);
-        s.tokens_ns.store(-100 * MS as i64, Relaxed);
-        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0 + 10 * MS), Step::Wait(_)));
-        let closed = s.closed_until_ns.load(Relaxed);
+        let closed = close_with_debt(&mut meter, &mut evs, &b, 50, 100 * MS as i64, T0 + 10 * MS);
         let (_, _, mut evs2, mut other) = fixture();
         assert!(matches!(other.gate(&mut evs2, &b, Some(50), 1, T0), Step::Wait(_)));
         assert_eq!(s.closed_until_ns.load(Relaxed), closed, "a stale look");
         let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
-        b.refill(T0, 50);
-        s.tokens_ns.store(-100 * MS as i64, Relaxed);
-        assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0 + 40_000), Step::Wait(_)));
-        let closed = s.closed_until_ns.load(Relaxed);
+        let closed = close_with_debt(&mut meter, &mut evs, &b, 50, 100 * MS as i64, T0 + 40_000);
         assert!(matches!(meter.gate(&mut evs, &b, Some(50), 1, T0 + MS), Step::Wait(_)));
         assert_eq!(s.closed_until_ns.load(Relaxed), closed, "a look within a skipped refill");
     }
