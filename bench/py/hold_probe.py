@@ -1,10 +1,11 @@
 """How long and how busily a launch is held in two corners of the limiter (docs/reliability.md,
 session 32), on a real GPU, under the hook and with none.
 
-  raise    Capped at 5, one 200 ms kernel closes the budget for about 2 s: the next launch is
-           held. 0.4 s into that hold the cap is raised to 50 (shrreg-tool), which has repaid the
-           debt (floored at what one full hold repays: about 100 ms) by then. `held_ms` is how
-           long that launch call took: about 400 once the hold follows the raise, 2000 if not.
+  raise    Capped at 5, one 200 ms kernel closes the budget for about 2 s (its debt floored at
+           what one full hold repays: about 100 ms): the next launch is held. 0.4 s into that
+           hold the cap is raised to 50 (shrreg-tool). `held_ms` is how long that launch call
+           took: about 560 when a raise shortens what is left (1.6 s) by old / new, 2000 if the
+           hold keeps to the old cap.
   overdue  Capped at 50, a stream that learned 1 ms kernels launches one of 500 ms, then 40 of
            1 ms without synchronizing: the launches behind the long one wait for it. `cpu_share` is
            the process's CPU time over the wall time of those 40 launch calls (a core yielding in
