@@ -464,7 +464,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
     let mut prepared = None;
     let mut step = |now| {
         // Read at every look: a cap raised while the launch is held (shrreg-tool, a soft cap given
-        // the spare) ends the hold as soon as the new cap has repaid the debt.
+        // the spare) shortens the hold (`Meter::gate`).
         let cap = crate::caps::effective_cap(rt, ps, dev);
         // A higher-priority container has work on this GPU (node file): wait, bounded as any hold.
         if crate::node::hold_now(rt, dev, now) {

@@ -1480,25 +1480,32 @@ mod tests {
         assert_eq!(s.closed_until_ns.load(Relaxed), closed, "a look within a skipped refill");
     }
 
-    #[test]
-    fn behind_an_overdue_kernel_a_launch_goes_within_a_millisecond_of_its_end() {
-        // The kernel ends 1 us after a look 170 ms past its estimate: an eighth of the lateness
-        // per look (up to 20 ms) let the launch go 19.9 ms after it (a review).
+    /// Two launches of an unmeasured stream (1 ms each by the initial estimate) fill a 2 ms
+    /// queue bound at `T0`; the first ends at `end`, the second right after. Holds a third
+    /// launch behind them from `clk`'s time until it goes; returns the time held.
+    fn wait_behind_a_kernel_ending_at(clk: &mut impl crate::limiter::Clock, end: u64) -> u64 {
         let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
         b.refill(T0, 50);
         meter.queue_bound_ns = Some(2 * MS);
         meter.launched(1, None, Some(1), T0, &mut evs);
         meter.launched(1, None, Some(2), T0, &mut evs);
-        let end = T0 + 170 * MS + 1_000;
-        let mut clk = Virt { now: T0 + 170 * MS };
-        hold(&mut clk, |now| {
+        hold(clk, |now| {
             if now >= end {
                 evs.states.insert(1, EventState::Done(end - 1));
                 evs.states.insert(2, EventState::Done(end));
             }
             meter.gate(&mut evs, &b, None, 1, now)
-        });
+        })
+    }
+
+    #[test]
+    fn behind_an_overdue_kernel_a_launch_goes_within_a_millisecond_of_its_end() {
+        // The kernel ends 1 us after a look 170 ms past its estimate: an eighth of the lateness
+        // per look (up to 20 ms) let the launch go 19.9 ms after it (a review).
+        let end = T0 + 170 * MS + 1_000;
+        let mut clk = Virt { now: T0 + 170 * MS };
+        wait_behind_a_kernel_ending_at(&mut clk, end);
         assert!(clk.now - end <= MS, "went {} us after the kernel ended", (clk.now - end) / 1_000);
     }
 
@@ -1506,8 +1513,8 @@ mod tests {
     fn a_launch_behind_a_kernel_far_past_its_estimate_sleeps_rather_than_spins() {
         // The first launch of a long kind: estimated 1 ms (an unmeasured stream), it runs
         // 500 ms. The launch queued behind it waits for it, but not by yielding in a loop (one
-        // core busy for the whole kernel): the waits grow with how late the kernel is, and it
-        // still goes soon after the kernel ends.
+        // core busy for the whole kernel): once the kernel is well past its estimate it sleeps,
+        // and it still goes soon after the kernel ends.
         struct Counting {
             now: u64,
             sleeps: u64,
@@ -1526,21 +1533,9 @@ mod tests {
                 self.yielded_ns += 10_000;
             }
         }
-        let (s, m, mut evs, mut meter) = fixture();
-        let b = Bucket::new(&s, &m);
-        b.refill(T0, 50);
-        meter.queue_bound_ns = Some(2 * MS);
-        meter.launched(1, None, Some(1), T0, &mut evs);
-        meter.launched(1, None, Some(2), T0, &mut evs);
         let end = T0 + 500 * MS;
         let mut clk = Counting { now: T0 + 10_000, sleeps: 0, yielded_ns: 0 };
-        let held = hold(&mut clk, |now| {
-            if now >= end {
-                evs.states.insert(1, EventState::Done(end - 10_000));
-                evs.states.insert(2, EventState::Done(end));
-            }
-            meter.gate(&mut evs, &b, None, 1, now)
-        });
+        let held = wait_behind_a_kernel_ending_at(&mut clk, end);
         assert!(clk.now >= end && clk.now <= end + MS, "went {} us after the kernel ended", (clk.now - end) / 1_000);
         assert!(clk.yielded_ns <= OVERDUE_POLL_NS + 2 * MS, "yielded {} ms of a {} ms wait", clk.yielded_ns / MS, held / MS);
         assert!(clk.sleeps <= 600, "{} sleeps in a {} ms wait", clk.sleeps, held / MS);
