@@ -13,11 +13,15 @@
 #                     no hook, and per process its slow pairs and when the first one came
 #                     (first_slow_s: one early stall a process is start-up, not a periodic call);
 #                     MALLOC_RUNS=N: bench_malloc's --runs (default 11, ~1.4 s a process on an H200)
-# usage: dist/ci/gpu-candidate.sh LIB compare [ROUNDS] | LIB part N | LIB malloc [ROUNDS]   ($OUT: logs)
+#   share ROUNDS SECTION...  ci/gpu-share.sh SECTION... with dist's build and the candidate in turn,
+#                     ROUNDS rounds (a program's own readings move from run to run, so one run of
+#                     each says little); per build and line: verdicts, utilization beside NVML's
+#                     own samples' mean, throughput over its want
+# usage: dist/ci/gpu-candidate.sh LIB compare [ROUNDS] | LIB part N | LIB malloc [ROUNDS] | LIB share ROUNDS SECTION...   ($OUT: logs)
 set -u
 DIST=$(cd "$(dirname "$0")/.." && pwd)
 lib=${1:-}
-[ -n "$lib" ] && [ -f "$lib" ] || { sed -n '2,14p' "$0"; echo "error=no_candidate_library path=${lib:-<none>}" >&2; exit 2; }
+[ -n "$lib" ] && [ -f "$lib" ] || { sed -n '2,20p' "$0"; echo "error=no_candidate_library path=${lib:-<none>}" >&2; exit 2; }
 [ -f "$DIST/libvgpu.so" ] || { echo "error=no_hook_library path=$DIST/libvgpu.so (run the copy in dist/, laid out by ci/package-gpu.sh)" >&2; exit 2; }
 lib=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
 export DIST PYTHONUNBUFFERED=1
@@ -79,6 +83,36 @@ for w, name in (("off", "no hook"), ("main", "dist's libvgpu.so"), ("cand", sys.
           + " first_slow_s_each=" + ",".join(f"{x[4]:.2f}" for x in v[w].values()))
 PY
     ;;
+share)
+    rounds=${3:-}
+    [[ "$rounds" =~ ^[1-9][0-9]*$ ]] && [ $# -ge 4 ] || { sed -n '2,20p' "$0"; echo "error=share_needs_rounds_and_sections" >&2; exit 2; }
+    shift 3
+    for i in $(seq "$rounds"); do
+        for which in main cand; do
+            dir=$out/candidate-share-$which-$i
+            mkdir -p "$dir"
+            [ $which = cand ] && l=$lib || l=$DIST/libvgpu.so
+            echo "== round $i build=$which"
+            OUT=$dir LIBVGPU=$l "$DIST/ci/gpu-share.sh" "$@" 2>&1 | grep -E " ok=" | sed -E 's/ (samples|nvml_n|nvml_ms|sm_mhz)=[^ ]*//g'
+        done
+    done
+    python3 - "$out" "$rounds" "$(basename "$lib")" <<'PY'
+import glob, json, os, sys
+out, rounds, cand = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for which, name in (("main", "dist's libvgpu.so"), ("cand", cand)):
+    lines = {}
+    for i in range(1, rounds + 1):
+        path = os.path.join(out, f"candidate-share-{which}-{i}", "share.jsonl")
+        for row in (json.loads(l) for l in open(path)) if os.path.exists(path) else ():
+            if row.get("cap") and "ok" in row:
+                lines.setdefault((row["name"], row["cap"]), []).append(row)
+    fails = sum(not r["ok"] for rs in lines.values() for r in rs)
+    print(f"candidate_share build={name} rounds={rounds} lines={sum(map(len, lines.values()))} failed={fails}")
+    for (prog, cap), rs in sorted(lines.items()):
+        each = ", ".join(f"{r['util']:.1f}/{r.get('nvml_win', float('nan')):.1f} [{r['util_min']}..{r['util_max']}] {r['tput'] / r['want_tput']:.3f}{'' if r['ok'] else ' FAIL'}" for r in rs)
+        print(f"  {prog} cap={cap}: util/samples [1-s] tput/want: {each}")
+PY
+    ;;
 part)
     copy=$(mktemp -d /tmp/candidate-dist-XXXXXX)
     cp -r "$DIST/." "$copy/"
@@ -88,5 +122,5 @@ part)
     rc=$?
     rm -rf "$copy"
     exit $rc ;;
-*) sed -n '2,14p' "$0"; exit 2 ;;
+*) sed -n '2,20p' "$0"; exit 2 ;;
 esac
