@@ -636,7 +636,6 @@ impl<E: Copy> Meter<E> {
         };
         let cap = cap.max(1) as u64;
         // 2. Budget: closed until the debt is repaid, for every thread and process alike.
-        let save = self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32));
         let word = bucket.s.closed_until_ns.load(Relaxed);
         let (mut closed, closed_at_cap) = closure_of(word);
         if now < closed {
@@ -657,7 +656,7 @@ impl<E: Copy> Meter<E> {
                 return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
             }
         }
-        bucket.refill_to(now, cap as u32, save);
+        bucket.refill_to(now, cap as u32, self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32)));
         // Floored as the refill floors it (a charge since the last refill may be below): no
         // closure past one full hold.
         let balance = bucket.balance().max(-super::max_debt_ns(cap as u32));
