@@ -121,3 +121,30 @@ fn valid_configuration_is_silent() {
     let (_out, err) = run_with(&[("CUDA_DEVICE_MEMORY_LIMIT", "512m"), ("CUDA_DEVICE_SM_LIMIT", "50")]);
     assert!(!err.contains("libvgpu"), "{err}");
 }
+
+/// A process whose environment changes the container's cap (newer intent, applied to every
+/// process sharing the region) says so in one line; one that changes nothing says nothing. A
+/// hostile test saw a sibling started without the variable lift a running process's cap silently.
+#[test]
+fn a_process_that_changes_the_containers_cap_says_so() {
+    let s = Scratch::new("hk-intent");
+    let run = |limit: Option<&str>| {
+        let mut c = hooked("test_vram_limit", &s, limit);
+        c.args(["--step", "64m", "--max", "1g"]);
+        if limit.is_none() {
+            c.env_remove("CUDA_DEVICE_MEMORY_LIMIT");
+        }
+        let out = output(&mut c);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{limit:?}: {stderr}");
+        stderr.lines().filter(|l| l.contains("libvgpu")).map(String::from).collect::<Vec<_>>()
+    };
+    assert_eq!(run(Some("512m")), Vec::<String>::new(), "a fresh region: nothing changes");
+    assert_eq!(run(Some("512m")), Vec::<String>::new(), "the same cap: nothing changes");
+    let lifted = run(None);
+    assert_eq!(lifted.len(), 1, "{lifted:?}");
+    assert!(lifted[0].contains("CUDA_DEVICE_MEMORY_LIMIT") && lifted[0].contains("from 512MiB to none"), "{lifted:?}");
+    let set = run(Some("256m"));
+    assert_eq!(set.len(), 1, "{set:?}");
+    assert!(set[0].contains("from none to 256MiB"), "{set:?}");
+}

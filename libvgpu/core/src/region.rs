@@ -737,12 +737,15 @@ impl Region {
     }
 
     /// Newer-intent rule: an env value that differs from the recorded one overwrites the live
-    /// value; an equal one keeps the live value (so shrreg-tool changes persist).
+    /// value; an equal one keeps the live value (so shrreg-tool changes persist). Only for the
+    /// devices this process sees: it says nothing of the others. A change is said in one line,
+    /// since it applies to every process sharing the region.
     fn apply_intent(&self, init: &RegionInit) {
         let v1 = self.v1();
         let h = self.ext_header();
         let mut changed = false;
-        for d in 0..MAX_DEVICES {
+        let seen = (init.device_num as usize).min(MAX_DEVICES);
+        for d in 0..seen {
             if init.physical[d] != 0 {
                 h.physical_total[d].store(init.physical[d], Relaxed);
                 if h.mem_capped[d].load(Acquire) == 0 {
@@ -756,14 +759,32 @@ impl Region {
             }
             let env = init.mem_limits[d].unwrap_or(UNCAPPED);
             if h.configured_limit[d].swap(env, AcqRel) != env {
+                let was = self.limit(d);
                 self.store_limit(d, init.mem_limits[d]);
                 changed = true;
+                if was != init.mem_limits[d] {
+                    let show = |l: Option<u64>| l.map_or("none".to_string(), crate::size::format_size);
+                    crate::warn!(
+                        "device {d}: this process's CUDA_DEVICE_MEMORY_LIMIT changes the memory cap of every process sharing the region from {} to {}",
+                        show(was),
+                        show(init.mem_limits[d])
+                    );
+                }
             }
             let env_sm = init.sm_limits[d].unwrap_or(0);
             if h.configured_sm_limit[d].swap(env_sm, AcqRel) != env_sm {
+                let was = self.sm_limit(d);
                 v1.sm_limit[d].store(env_sm as u64, Release);
                 h.soft_sm_limit[d].store(init.soft_sm_limits[d].unwrap_or(0), Release);
                 changed = true;
+                if was != init.sm_limits[d] {
+                    let show = |l: Option<u32>| l.map_or("none".to_string(), |v| format!("{v}%"));
+                    crate::warn!(
+                        "device {d}: this process's CUDA_DEVICE_SM_LIMIT changes the SM cap of every process sharing the region from {} to {}",
+                        show(was),
+                        show(init.sm_limits[d])
+                    );
+                }
             }
         }
         let _ = v1.device_num.fetch_max(init.device_num.min(MAX_DEVICES as u32) as u64, AcqRel);
@@ -1341,10 +1362,12 @@ impl Region {
     // ---------- memory ----------
 
     /// Add to a slot of ours (a slot given back, e.g. at exit, is never written again: its index
-    /// may belong to another process by now).
-    fn add(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) {
+    /// may belong to another process by now). All or nothing: false, and nothing added, where the
+    /// slot's total cannot hold `bytes` (a clipped add, rolled back in full, would take the slot's
+    /// earlier usage with it).
+    fn add(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> bool {
         if !self.owns(slot) {
-            return;
+            return true;
         }
         let p = self.slot(slot);
         let u = &p.used[dev];
@@ -1354,9 +1377,13 @@ impl Region {
             MemKind::Data => &u.data_size,
         };
         let began = seq_begin(p);
-        let _ = field.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_add(bytes)));
-        let _ = u.total.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_add(bytes)));
+        // The total holds every field, so a field cannot overflow where the total did not.
+        let added = u.total.fetch_update(AcqRel, Acquire, |x| x.checked_add(bytes)).is_ok();
+        if added {
+            let _ = field.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_add(bytes)));
+        }
         seq_end(p, began);
+        added
     }
 
     /// Reserve `bytes` on `dev` for `slot` if the device stays within its cap. An uncapped
@@ -1374,8 +1401,7 @@ impl Region {
             return Err(ReserveError::BadDevice(dev));
         }
         if self.limit(dev).is_none() {
-            self.add(slot, dev, kind, bytes);
-            return Ok(None);
+            return self.add_or_refuse(slot, dev, kind, bytes, None).map(|()| None);
         }
         match self.lock_device_for(dev, slot) {
             Ok(g) => g.r.reserve_checked(slot, dev, kind, bytes),
@@ -1389,12 +1415,11 @@ impl Region {
     /// only spares racers a needless refusal. Reaps dead slots (without waiting) before refusing.
     fn reserve_checked(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) -> Result<Option<(u64, u64)>, ReserveError> {
         let Some(limit) = self.limit(dev) else {
-            self.add(slot, dev, kind, bytes);
-            return Ok(None);
+            return self.add_or_refuse(slot, dev, kind, bytes, None).map(|()| None);
         };
         let mut used = 0;
         for attempt in 0..2 {
-            self.add(slot, dev, kind, bytes);
+            self.add_or_refuse(slot, dev, kind, bytes, Some(limit))?;
             std::sync::atomic::fence(SeqCst);
             let total = self.device_used(dev);
             if total <= limit || !self.owns(slot) {
@@ -1409,8 +1434,18 @@ impl Region {
         Err(ReserveError::OverLimit { used, limit, requested: bytes })
     }
 
+    /// `add`, or refuse a request no device holds (bytes past what the slot's counters can add;
+    /// against the cap, or the device's physical size where there is none).
+    fn add_or_refuse(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64, limit: Option<u64>) -> Result<(), ReserveError> {
+        if self.add(slot, dev, kind, bytes) {
+            return Ok(());
+        }
+        let limit = limit.unwrap_or_else(|| self.v1().limit[dev].load(Relaxed));
+        Err(ReserveError::OverLimit { used: self.device_used(dev), limit, requested: bytes })
+    }
+
     /// Charge unconditionally (usage that already exists, e.g. a measured context), even past
-    /// the cap; lock-free.
+    /// the cap; lock-free. A charge the counters cannot hold is dropped, not clipped.
     pub fn charge(&self, slot: SlotId, dev: usize, kind: MemKind, bytes: u64) {
         if dev < MAX_DEVICES {
             self.add(slot, dev, kind, bytes);

@@ -101,6 +101,28 @@ fn newer_intent_rule() {
     assert_eq!(a.v1().limit[0].load(Relaxed), 8 * GIB);
 }
 
+/// A process that sees fewer devices (CUDA_VISIBLE_DEVICES=0 in a two-GPU container) states no
+/// intent for the others: a hostile test saw its open uncap device 1 under a running process.
+#[test]
+fn a_process_seeing_fewer_devices_leaves_the_others_caps() {
+    let p = TempPath::new("fewer");
+    let mut both = init_with(Some(GIB), Some(30));
+    both.mem_limits[1] = Some(GIB);
+    both.sm_limits[1] = Some(30);
+    let a = Region::open(&p.0, &both).unwrap();
+    let e0 = a.limits_epoch();
+    let mut one = init_with(Some(GIB), Some(30));
+    one.device_num = 1;
+    one.uuids.truncate(1);
+    one.physical[1] = 0;
+    let _b = Region::open(&p.0, &one).unwrap();
+    assert_eq!(a.limit(1), Some(GIB), "device 1's memory cap");
+    assert_eq!(a.sm_limit(1), Some(30), "device 1's SM cap");
+    assert_eq!(a.limit(0), Some(GIB));
+    assert_eq!(a.limits_epoch(), e0, "nothing changed");
+    assert_eq!(a.device_num(), 2);
+}
+
 fn write_file(path: &Path, bytes: &[u8]) {
     let mut f = File::create(path).unwrap();
     f.write_all(bytes).unwrap();
@@ -271,6 +293,28 @@ fn register_reserve_release_unregister() {
     assert_eq!(r.proc_num(), 0);
     assert!(r.slot_ext(s).generation.load(Relaxed) > gen);
     assert!(matches!(r.unregister(s), Err(RegionError::NotOwner(_))));
+}
+
+/// A request the slot's counters cannot add without saturating (cuMemAlloc(SIZE_MAX), a pitch of
+/// 2^32 x 2^32) is refused whole: rolling back a clipped add took the slot's earlier usage with it,
+/// and the cap stopped holding (a hostile test: 2.8 GiB allocated under 1 GiB).
+#[test]
+fn a_request_too_large_to_add_is_refused_and_keeps_the_usage() {
+    let p = TempPath::new("huge");
+    let r = Region::open(&p.0, &init_with(Some(GIB), None)).unwrap();
+    let s = r.register(7).unwrap();
+    r.try_reserve(s, 0, MemKind::Data, 512 * MIB).unwrap();
+    r.try_reserve(s, 1, MemKind::Data, 512 * MIB).unwrap();
+    for huge in [u64::MAX, u64::MAX - 256 * MIB, u64::MAX - 512 * MIB + 1] {
+        for dev in [0, 1] {
+            assert!(r.try_reserve(s, dev, MemKind::Data, huge).is_err(), "dev {dev}: {huge} bytes");
+            assert_eq!(r.device_used(dev), 512 * MIB, "dev {dev}: the refusal changed the usage");
+            assert_eq!(r.proc_usage(s, dev).data, 512 * MIB);
+        }
+    }
+    r.charge(s, 0, MemKind::Context, u64::MAX);
+    assert_eq!(r.device_used(0), 512 * MIB, "a charge that cannot be added is not clipped in");
+    assert!(r.try_reserve(s, 0, MemKind::Data, 513 * MIB).is_err(), "the cap still holds");
 }
 
 #[test]
