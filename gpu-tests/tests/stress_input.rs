@@ -73,6 +73,26 @@ fn fractional_limit_flooring_to_zero_is_not_uncapped() {
     }
 }
 
+/// The library's one line about a bad value, written to a stderr whose reader is gone (a pipe
+/// to a logger that died), must not kill the program with SIGPIPE: a hostile test saw exit -13.
+#[test]
+#[ignore = "run by ci/stress.sh"]
+fn a_line_to_a_closed_stderr_does_not_kill_the_program() {
+    use std::os::fd::FromRawFd;
+    let s = Scratch::new("st-epipe");
+    let mut fds = [0; 2];
+    // SAFETY: a fresh pipe; the read end is closed at once, the write end handed to the child.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    unsafe { libc::close(fds[0]) };
+    let closed = unsafe { std::fs::File::from_raw_fd(fds[1]) };
+    let mut c = sample("test_vram_limit", &s, true);
+    c.args(["--step", "64m", "--max", "1g"]).env("CUDA_DEVICE_MEMORY_LIMIT", "abc");
+    let mut child = c.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(closed).spawn().unwrap();
+    let st = wait_timeout(&mut child, Duration::from_secs(30)).expect("HANG: test_vram_limit with a closed stderr");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(st.success(), "killed or failed with a closed stderr: {st:?} (signal {:?})", st.signal());
+}
+
 /// Other variables: one line each, and the valid 512 MiB cap next to them still applies.
 #[test]
 #[ignore = "run by ci/stress.sh"]

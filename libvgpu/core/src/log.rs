@@ -79,8 +79,33 @@ pub fn emit(level: u8, args: std::fmt::Arguments<'_>) {
     let _ = write!(line, "[libvgpu pid {}] {}: ", std::process::id(), tag);
     let _ = line.write_fmt(args);
     line.push(b'\n');
-    // SAFETY: writing a valid buffer to fd 2; a failed write is ignored on purpose.
-    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    write_stderr_quietly(&line);
+}
+
+/// One `write(2)` to fd 2 that cannot raise SIGPIPE in the host program (a stderr whose reader
+/// is gone would kill it, for a line it never asked for): SIGPIPE is blocked on this thread for
+/// the write, and one it raised is taken back before the mask is restored. A failed write is
+/// ignored on purpose.
+fn write_stderr_quietly(buf: &[u8]) {
+    // SAFETY: signal-set calls on local sets; the write is of a valid buffer; the old mask is
+    // restored on every path.
+    unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pending);
+        libc::sigpending(&mut pending);
+        let already = libc::sigismember(&pending, libc::SIGPIPE) == 1;
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
+        let r = libc::write(2, buf.as_ptr().cast(), buf.len());
+        if r < 0 && *libc::__errno_location() == libc::EPIPE && !already {
+            let none = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            libc::sigtimedwait(&pipe, std::ptr::null_mut(), &none);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
 }
 
 #[macro_export]
