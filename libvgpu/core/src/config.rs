@@ -215,6 +215,10 @@ impl Config {
                         r.problem(&var, &val, String::from("rounds down to 0 bytes; device capped at 0 bytes"));
                         MemLimit::Blocked
                     }
+                    Ok(spec @ SizeSpec::Percent(_)) if spec.resolve(u64::MAX) == 0 => {
+                        r.problem(&var, &val, String::from("rounds down to 0 bytes of any device; device capped at 0 bytes"));
+                        MemLimit::Blocked
+                    }
                     Ok(spec) => MemLimit::Spec(spec),
                     Err(e) => {
                         r.problem(&var, &val, format!("{}; device capped at 0 bytes", e.reason));
@@ -305,6 +309,14 @@ impl Config {
         if let Some(val) = r.get("CUDA_DEVICE_MEMORY_SHARED_CACHE") {
             if val.trim().is_empty() {
                 r.problem("CUDA_DEVICE_MEMORY_SHARED_CACHE", &val, format!("empty; using {DEFAULT_REGION_PATH}"));
+            } else if !val.starts_with('/') {
+                // Resolved against each process's working directory, processes in different
+                // directories would each keep a region, and a cap, of their own.
+                r.problem(
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                    &val,
+                    format!("not an absolute path; using {DEFAULT_REGION_PATH}"),
+                );
             } else {
                 c.region_path = val;
             }
@@ -620,6 +632,28 @@ mod tests {
         let c = cfg(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", " ")]);
         assert_eq!(c.region_path, DEFAULT_REGION_PATH);
         assert_eq!(c.problems.len(), 1);
+        // Relative, each working directory had its own region, and its own cap (a hostile test:
+        // two processes in two directories held 1.7 GiB under 1 GiB, no line).
+        for rel in ["vgpu.cache", "./vgpu.cache", "../x/vgpu.cache"] {
+            let c = cfg(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", rel)]);
+            assert_eq!(c.region_path, DEFAULT_REGION_PATH, "{rel}");
+            assert_eq!(c.problems.len(), 1, "{rel}");
+            assert!(c.problems[0].message.contains("absolute"), "{:?}", c.problems);
+        }
+    }
+
+    /// A percentage too small to name a byte of any device caps it at 0 with a line, as a size
+    /// that rounds down to 0 bytes does (a hostile test: `0.0001%` blocked the device silently).
+    #[test]
+    fn a_percentage_rounding_to_nothing_says_so() {
+        for v in ["0.0001%", "0.0009%"] {
+            let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", v)]);
+            assert_eq!(c.mem[0], MemLimit::Blocked, "{v}");
+            assert_eq!(c.problems.len(), 1, "{v}: {:?}", c.problems);
+        }
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "0.001%")]);
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert_eq!(c.mem_limit(0, 100_000), Some(1));
     }
 
     #[rstest]
