@@ -443,6 +443,21 @@ pub fn render_legacy_metrics(v: &RegionView) -> String {
     o
 }
 
+/// `eprintln!` that cannot panic: a closed or failing stderr is ignored, so the tool still ends
+/// with its documented exit status (`eprintln!` panics, exit 101, when stderr is a closed pipe).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::stderr_line(&format!($($arg)*))
+    };
+}
+
+/// One line to stderr, written at once; errors (a closed pipe) are ignored.
+pub fn stderr_line(s: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(format!("{s}\n").as_bytes());
+}
+
 /// Write to stdout; a closed pipe (`| head`) ends the tool quietly with status 0.
 pub fn emit(s: &str) {
     use std::io::Write;
@@ -451,7 +466,7 @@ pub fn emit(s: &str) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("error: writing output failed: {e}");
+        errln!("error: writing output failed: {e}");
         std::process::exit(1);
     }
 }
@@ -470,7 +485,7 @@ pub fn parse_args(cli: clap::Command) -> clap::ArgMatches {
             std::process::exit(0);
         }
         Err(e) => {
-            eprintln!("{name}: error: {} (see --help)", one_line(&e));
+            errln!("{name}: error: {} (see --help)", one_line(&e));
             std::process::exit(2);
         }
     }

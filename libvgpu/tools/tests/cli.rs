@@ -604,3 +604,33 @@ fn smi_watch_and_errors() {
     let a = tool("vgpu-smi").args(["--file", "/nonexistent/x.cache"]).assert().code(1);
     assert!(stderr(&a).contains("does not exist"));
 }
+
+#[test]
+fn closed_stderr_keeps_the_documented_exit_status() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::process::{Command as Cmd, Stdio};
+    // a pipe whose read end is closed: every write to the other end fails with EPIPE
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors we own; the read end is closed at once.
+    let w = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+        OwnedFd::from_raw_fd(fds[1])
+    };
+    let cases: &[(&str, &[&str], i32)] = &[
+        ("shrreg-tool", &["--bogus"], 2),
+        ("shrreg-tool", &["--file", "/nonexistent/x.cache", "--print"], 1),
+        ("vgpu-smi", &["--bogus"], 2),
+        ("vgpu-smi", &["--file", "/nonexistent/x.cache"], 1),
+    ];
+    for (bin, args, code) in cases {
+        let st = Cmd::new(assert_cmd::cargo::cargo_bin(bin))
+            .args(*args)
+            .env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(w.try_clone().unwrap()))
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(*code), "{bin} {args:?}: {st}");
+    }
+}

@@ -10,7 +10,7 @@ use vgpu_core::config::Config;
 use vgpu_core::region::{Region, RegionInit, EXT_VERSION, HAMI_MAJOR, HAMI_MINOR};
 use vgpu_core::size::{format_size, parse_size, SizeSpec};
 use vgpu_core::MAX_DEVICES;
-use vgpu_tools::{emit, parse_args, open_for_read, region_path, render_print, view};
+use vgpu_tools::{emit, errln, parse_args, open_for_read, region_path, render_print, view};
 
 fn cli() -> Command {
     Command::new("shrreg-tool")
@@ -131,7 +131,7 @@ fn parse_mem(s: &str, dev: usize, r: &Region) -> Result<Option<u64>, String> {
 fn init_from_env() -> RegionInit {
     let cfg = Config::from_process_env();
     for p in &cfg.problems {
-        eprintln!("shrreg-tool: warning: {p}");
+        errln!("shrreg-tool: warning: {p}");
     }
     // Devices: the UUID list when given, else up to the highest per-device variable (`_<i>`),
     // else one. A global cap alone must not invent 16 devices.
@@ -263,7 +263,7 @@ fn main() -> ExitCode {
     match run(m.get_one::<String>("file"), actions(&m)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("shrreg-tool: error: {e}");
+            errln!("shrreg-tool: error: {e}");
             ExitCode::from(1)
         }
     }
