@@ -634,3 +634,26 @@ fn closed_stderr_keeps_the_documented_exit_status() {
         assert_eq!(st.code(), Some(*code), "{bin} {args:?}: {st}");
     }
 }
+
+#[test]
+fn create_new_survives_a_non_utf8_environment() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let t = Tmp::new();
+    let bad = OsStr::from_bytes(b"\xff");
+    let a = tool("shrreg-tool")
+        .args(["--file", t.0.to_str().unwrap(), "--create_new"])
+        .env("VGPU_TOOLS_TEST_JUNK", bad)
+        .env(OsStr::from_bytes(b"VGPU_TOOLS_TEST_\xfe"), "x")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", bad)
+        .assert()
+        .success();
+    // a value it reads that is not UTF-8 is malformed, as in the library: one line, capped at 0
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CUDA_DEVICE_MEMORY_LIMIT_1") && err.contains("capped at 0 bytes"), "{err}");
+    let r = Region::open_existing(&t.0).unwrap();
+    assert_eq!(r.device_num(), 2);
+    assert_eq!(r.limit(0), None);
+    assert_eq!(r.limit(1), Some(0));
+}

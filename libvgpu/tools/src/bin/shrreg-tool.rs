@@ -138,7 +138,10 @@ fn init_from_env() -> RegionInit {
     let mut n = cfg.devices_uuid.len();
     if n == 0 {
         n = 1;
-        for (k, _) in std::env::vars() {
+        // `vars_os`: `vars` panics on a name or value that is not UTF-8. Only names are read here
+        // (the values went through `Config`, where a non-UTF-8 value is malformed).
+        for (k, _) in std::env::vars_os() {
+            let Some(k) = k.to_str() else { continue };
             let families = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_MEM_LIMIT_", "CUDA_DEVICE_SM_LIMIT_", "CUDA_CORE_LIMIT_"];
             if let Some(i) = families.iter().find_map(|f| k.strip_prefix(f)).and_then(|i| i.parse::<usize>().ok()) {
                 if i < MAX_DEVICES {
