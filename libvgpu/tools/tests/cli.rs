@@ -657,3 +657,37 @@ fn create_new_survives_a_non_utf8_environment() {
     assert_eq!(r.limit(0), None);
     assert_eq!(r.limit(1), Some(0));
 }
+
+#[test]
+fn create_new_with_an_invalid_value_changes_nothing() {
+    let t = Tmp::new();
+    let f = t.0.to_str().unwrap();
+    tool("shrreg-tool").args(["--file", f, "--create_new"]).assert().success();
+    tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "0", "2g"]).assert().success();
+    let before = std::fs::read(&t.0).unwrap();
+    let cases: &[&[&str]] = &[
+        &["--create_new", "--set-sm-limit", "0", "abc"],
+        // the new region has one device and no known physical size
+        &["--create_new", "--set-mem-limit", "1", "1g"],
+        &["--create_new", "--set-mem-limit", "0", "50%"],
+        &["--create_new", "--suspend", "--set-mem-limit", "0", "0.0001k"],
+    ];
+    for args in cases {
+        let a = tool("shrreg-tool").args(["--file", f]).args(*args).assert().code(1);
+        let err = stderr(&a);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(stdout(&a).is_empty(), "{args:?}: {}", stdout(&a));
+        assert!(std::fs::read(&t.0).unwrap() == before, "{args:?} changed the region");
+    }
+    assert_eq!(Region::open_existing(&t.0).unwrap().limit(0), Some(2 * GIB));
+    // a change before --create_new would be wiped by it: refused with one line, nothing changes
+    let a = tool("shrreg-tool").args(["--file", f, "--set-sm-limit", "0", "50", "--create_new"]).assert().code(2);
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--create_new") && !err.contains("no region"), "{err}");
+    assert!(std::fs::read(&t.0).unwrap() == before, "a refused call changed the region");
+    // valid values after --create_new apply to the new region
+    tool("shrreg-tool").args(["--file", f, "--create_new", "--set-sm-limit", "0", "50"]).assert().success();
+    let r = Region::open_existing(&t.0).unwrap();
+    assert_eq!((r.limit(0), r.sm_limit(0)), (None, Some(50)));
+}
