@@ -8,15 +8,34 @@ use vgpu_core::region::{Region, RegionError};
 use vgpu_core::size::format_size_approx;
 use vgpu_core::MAX_DEVICES;
 
-/// `--file PATH`, else `CUDA_DEVICE_MEMORY_SHARED_CACHE`, else the default path.
-pub fn region_path(flag: Option<&str>) -> PathBuf {
+/// `eprintln!` that cannot panic: a closed or failing stderr is ignored, so the tool still ends
+/// with its documented exit status (`eprintln!` panics, exit 101, when stderr is a closed pipe).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::stderr_line(&format!($($arg)*))
+    };
+}
+
+/// One line to stderr, written at once; errors (a closed pipe) are ignored.
+pub fn stderr_line(s: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(format!("{s}\n").as_bytes());
+}
+
+/// `--file PATH`, else `CUDA_DEVICE_MEMORY_SHARED_CACHE`, else the default path: the variable
+/// resolved by the library's own `Config`, so both open the same file (a value that is not UTF-8
+/// names the path of its lossy conversion there; said here in one line on stderr, from `tool`).
+pub fn region_path(tool: &str, flag: Option<&str>) -> PathBuf {
     if let Some(p) = flag {
         return PathBuf::from(p);
     }
-    match std::env::var("CUDA_DEVICE_MEMORY_SHARED_CACHE") {
-        Ok(p) if !p.trim().is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(vgpu_core::config::DEFAULT_REGION_PATH),
+    const VAR: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+    let path = vgpu_core::config::Config::from_process_env().region_path;
+    if std::env::var_os(VAR).is_some_and(|v| v.to_str().is_none()) {
+        errln!("{tool}: warning: {VAR} is not valid UTF-8; using {path:?} (its lossy conversion, as the library does)");
     }
+    PathBuf::from(path)
 }
 
 /// Open for reading: the live file when writable, else a private copy (read-only access).
@@ -441,21 +460,6 @@ pub fn render_legacy_metrics(v: &RegionView) -> String {
     family(&mut o, "Device_utilization_desc_of_container", "Container SM utilization of the device (percent)", per_dev(&|d| format!("{}", d.util_percent)));
     family(&mut o, "Device_last_kernel_of_container", "Unix time of the container's latest kernel launch (seconds)", per_dev(&|_| v.last_kernel_time.to_string()));
     o
-}
-
-/// `eprintln!` that cannot panic: a closed or failing stderr is ignored, so the tool still ends
-/// with its documented exit status (`eprintln!` panics, exit 101, when stderr is a closed pipe).
-#[macro_export]
-macro_rules! errln {
-    ($($arg:tt)*) => {
-        $crate::stderr_line(&format!($($arg)*))
-    };
-}
-
-/// One line to stderr, written at once; errors (a closed pipe) are ignored.
-pub fn stderr_line(s: &str) {
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(format!("{s}\n").as_bytes());
 }
 
 /// Write to stdout; a closed pipe (`| head`) ends the tool quietly with status 0.

@@ -691,3 +691,25 @@ fn create_new_with_an_invalid_value_changes_nothing() {
     let r = Region::open_existing(&t.0).unwrap();
     assert_eq!((r.limit(0), r.sm_limit(0)), (None, Some(50)));
 }
+
+#[test]
+fn non_utf8_region_path_resolves_as_the_library_does() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let raw = format!("{}/vgpu-tools-{}-{n}-", std::env::temp_dir().display(), std::process::id());
+    let mut bytes = raw.into_bytes();
+    bytes.extend_from_slice(b"\xff.cache");
+    let var = OsStr::from_bytes(&bytes).to_os_string();
+    // the library opens the lossy conversion of the value
+    let t = Tmp(PathBuf::from(var.to_string_lossy().into_owned()));
+    drop(Region::create_new(&t.0, &init()).unwrap());
+    let a = tool("vgpu-smi").env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &var).arg("--json").assert().success();
+    assert_eq!(parse_json(stdout(&a).trim()).get("region"), &J::Str(t.0.to_str().unwrap().to_string()));
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE") && err.contains("not valid UTF-8"), "{err}");
+    let a = tool("shrreg-tool").env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &var).args(["--set-sm-limit", "0", "70"]).assert().success();
+    assert_eq!(stderr(&a).lines().count(), 1, "{}", stderr(&a));
+    assert_eq!(Region::open_existing(&t.0).unwrap().sm_limit(0), Some(70));
+}

@@ -219,7 +219,7 @@ fn apply(r: &Region, c: &Change) -> Result<String, String> {
 }
 
 fn run(file: Option<&String>, actions: Vec<Action>) -> Result<(), String> {
-    let path = region_path(file.map(String::as_str));
+    let path = region_path("shrreg-tool", file.map(String::as_str));
     let mutates = actions.iter().any(|a| matches!(a, Action::Suspend(_) | Action::SetSm(..) | Action::SetMem(..)));
     let creates = actions.iter().any(|a| matches!(a, Action::CreateNew));
     // What --create_new will write, read from the environment once, before anything changes.

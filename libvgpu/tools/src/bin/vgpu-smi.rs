@@ -61,7 +61,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let m = parse_args(cli());
-    let path = region_path(m.get_one::<String>("file").map(String::as_str));
+    let path = region_path("vgpu-smi", m.get_one::<String>("file").map(String::as_str));
     let watch = m.get_flag("watch");
     let count = m.get_one::<u64>("count").copied();
     let interval = m.get_one::<Duration>("interval").copied().unwrap_or(Duration::from_secs(1));
