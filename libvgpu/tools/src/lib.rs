@@ -8,15 +8,34 @@ use vgpu_core::region::{Region, RegionError};
 use vgpu_core::size::format_size_approx;
 use vgpu_core::MAX_DEVICES;
 
-/// `--file PATH`, else `CUDA_DEVICE_MEMORY_SHARED_CACHE`, else the default path.
-pub fn region_path(flag: Option<&str>) -> PathBuf {
+/// `eprintln!` that cannot panic: a closed or failing stderr is ignored, so the tool still ends
+/// with its documented exit status (`eprintln!` panics, exit 101, when stderr is a closed pipe).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::stderr_line(&format!($($arg)*))
+    };
+}
+
+/// One line to stderr, written at once; errors (a closed pipe) are ignored.
+pub fn stderr_line(s: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(format!("{s}\n").as_bytes());
+}
+
+/// `--file PATH`, else `CUDA_DEVICE_MEMORY_SHARED_CACHE`, else the default path: the variable
+/// resolved by the library's own `Config`, so both open the same file (a value that is not UTF-8
+/// names the path of its lossy conversion there; said here in one line on stderr, from `tool`).
+pub fn region_path(tool: &str, flag: Option<&str>) -> PathBuf {
     if let Some(p) = flag {
         return PathBuf::from(p);
     }
-    match std::env::var("CUDA_DEVICE_MEMORY_SHARED_CACHE") {
-        Ok(p) if !p.trim().is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(vgpu_core::config::DEFAULT_REGION_PATH),
+    const VAR: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+    let path = vgpu_core::config::Config::from_process_env().region_path;
+    if std::env::var_os(VAR).is_some_and(|v| v.to_str().is_none()) {
+        errln!("{tool}: warning: {VAR} is not valid UTF-8; using {path:?} (its lossy conversion, as the library does)");
     }
+    PathBuf::from(path)
 }
 
 /// Open for reading: the live file when writable, else a private copy (read-only access).
@@ -451,7 +470,7 @@ pub fn emit(s: &str) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("error: writing output failed: {e}");
+        errln!("error: writing output failed: {e}");
         std::process::exit(1);
     }
 }
@@ -470,7 +489,7 @@ pub fn parse_args(cli: clap::Command) -> clap::ArgMatches {
             std::process::exit(0);
         }
         Err(e) => {
-            eprintln!("{name}: error: {} (see --help)", one_line(&e));
+            errln!("{name}: error: {} (see --help)", one_line(&e));
             std::process::exit(2);
         }
     }

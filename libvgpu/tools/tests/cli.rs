@@ -604,3 +604,112 @@ fn smi_watch_and_errors() {
     let a = tool("vgpu-smi").args(["--file", "/nonexistent/x.cache"]).assert().code(1);
     assert!(stderr(&a).contains("does not exist"));
 }
+
+#[test]
+fn closed_stderr_keeps_the_documented_exit_status() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::process::{Command as Cmd, Stdio};
+    // a pipe whose read end is closed: every write to the other end fails with EPIPE
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors we own; the read end is closed at once.
+    let w = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+        OwnedFd::from_raw_fd(fds[1])
+    };
+    let cases: &[(&str, &[&str], i32)] = &[
+        ("shrreg-tool", &["--bogus"], 2),
+        ("shrreg-tool", &["--file", "/nonexistent/x.cache", "--print"], 1),
+        ("vgpu-smi", &["--bogus"], 2),
+        ("vgpu-smi", &["--file", "/nonexistent/x.cache"], 1),
+    ];
+    for (bin, args, code) in cases {
+        let st = Cmd::new(assert_cmd::cargo::cargo_bin(bin))
+            .args(*args)
+            .env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(w.try_clone().unwrap()))
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(*code), "{bin} {args:?}: {st}");
+    }
+}
+
+#[test]
+fn create_new_survives_a_non_utf8_environment() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let t = Tmp::new();
+    let bad = OsStr::from_bytes(b"\xff");
+    let a = tool("shrreg-tool")
+        .args(["--file", t.0.to_str().unwrap(), "--create_new"])
+        .env("VGPU_TOOLS_TEST_JUNK", bad)
+        .env(OsStr::from_bytes(b"VGPU_TOOLS_TEST_\xfe"), "x")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", bad)
+        .assert()
+        .success();
+    // a value it reads that is not UTF-8 is malformed, as in the library: one line, capped at 0
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CUDA_DEVICE_MEMORY_LIMIT_1") && err.contains("capped at 0 bytes"), "{err}");
+    let r = Region::open_existing(&t.0).unwrap();
+    assert_eq!(r.device_num(), 2);
+    assert_eq!(r.limit(0), None);
+    assert_eq!(r.limit(1), Some(0));
+}
+
+#[test]
+fn create_new_with_an_invalid_value_changes_nothing() {
+    let t = Tmp::new();
+    let f = t.0.to_str().unwrap();
+    tool("shrreg-tool").args(["--file", f, "--create_new"]).assert().success();
+    tool("shrreg-tool").args(["--file", f, "--set-mem-limit", "0", "2g"]).assert().success();
+    let before = std::fs::read(&t.0).unwrap();
+    let cases: &[&[&str]] = &[
+        &["--create_new", "--set-sm-limit", "0", "abc"],
+        // the new region has one device and no known physical size
+        &["--create_new", "--set-mem-limit", "1", "1g"],
+        &["--create_new", "--set-mem-limit", "0", "50%"],
+        &["--create_new", "--suspend", "--set-mem-limit", "0", "0.0001k"],
+    ];
+    for args in cases {
+        let a = tool("shrreg-tool").args(["--file", f]).args(*args).assert().code(1);
+        let err = stderr(&a);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(stdout(&a).is_empty(), "{args:?}: {}", stdout(&a));
+        assert!(std::fs::read(&t.0).unwrap() == before, "{args:?} changed the region");
+    }
+    assert_eq!(Region::open_existing(&t.0).unwrap().limit(0), Some(2 * GIB));
+    // a change before --create_new would be wiped by it: refused with one line, nothing changes
+    let a = tool("shrreg-tool").args(["--file", f, "--set-sm-limit", "0", "50", "--create_new"]).assert().code(2);
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--create_new") && !err.contains("no region"), "{err}");
+    assert!(std::fs::read(&t.0).unwrap() == before, "a refused call changed the region");
+    // valid values after --create_new apply to the new region
+    tool("shrreg-tool").args(["--file", f, "--create_new", "--set-sm-limit", "0", "50"]).assert().success();
+    let r = Region::open_existing(&t.0).unwrap();
+    assert_eq!((r.limit(0), r.sm_limit(0)), (None, Some(50)));
+}
+
+#[test]
+fn non_utf8_region_path_resolves_as_the_library_does() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let raw = format!("{}/vgpu-tools-{}-{n}-", std::env::temp_dir().display(), std::process::id());
+    let mut bytes = raw.into_bytes();
+    bytes.extend_from_slice(b"\xff.cache");
+    let var = OsStr::from_bytes(&bytes).to_os_string();
+    // the library opens the lossy conversion of the value
+    let t = Tmp(PathBuf::from(var.to_string_lossy().into_owned()));
+    drop(Region::create_new(&t.0, &init()).unwrap());
+    let a = tool("vgpu-smi").env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &var).arg("--json").assert().success();
+    assert_eq!(parse_json(stdout(&a).trim()).get("region"), &J::Str(t.0.to_str().unwrap().to_string()));
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE") && err.contains("not valid UTF-8"), "{err}");
+    let a = tool("shrreg-tool").env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &var).args(["--set-sm-limit", "0", "70"]).assert().success();
+    assert_eq!(stderr(&a).lines().count(), 1, "{}", stderr(&a));
+    assert_eq!(Region::open_existing(&t.0).unwrap().sm_limit(0), Some(70));
+}

@@ -1,8 +1,9 @@
 //! shrreg-tool: inspect and steer a libvgpu shared region (HAMi-compatible interface).
 //!
-//! Actions run in the order given, after every value has been checked: an invalid value, or a
-//! device index the region does not have, changes nothing and fails with one line (exit 1;
-//! command-line errors exit 2).
+//! Actions run in the order given, after every value has been checked (against the region that
+//! `--create_new` will make, when a change follows it): an invalid value, or a device index the
+//! region does not have, changes nothing and fails with one line (exit 1; command-line errors,
+//! a change given before `--create_new` among them, exit 2).
 
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
 use std::process::ExitCode;
@@ -10,7 +11,7 @@ use vgpu_core::config::Config;
 use vgpu_core::region::{Region, RegionInit, EXT_VERSION, HAMI_MAJOR, HAMI_MINOR};
 use vgpu_core::size::{format_size, parse_size, SizeSpec};
 use vgpu_core::MAX_DEVICES;
-use vgpu_tools::{emit, parse_args, open_for_read, region_path, render_print, view};
+use vgpu_tools::{emit, errln, parse_args, open_for_read, region_path, render_print, view};
 
 fn cli() -> Command {
     Command::new("shrreg-tool")
@@ -20,6 +21,8 @@ fn cli() -> Command {
             "Region file: --file PATH, else $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache.\n",
             "Changes reach running processes within about 100 ms. Actions run in the order given, after every\n",
             "value was checked; an invalid value or a device index the region does not have changes nothing.\n",
+            "--create_new comes before any change in the same call (it would undo it); changes after it are\n",
+            "checked against the region it makes.\n",
             "Exit status: 0 done, 1 invalid value or region problem (one line on stderr), 2 command-line error."
         ))
         .arg(Arg::new("file").long("file").short('f').value_name("PATH").help("Region file (default: see below)"))
@@ -89,9 +92,37 @@ fn actions(m: &ArgMatches) -> Vec<Action> {
     out.into_iter().map(|(_, a)| a).collect()
 }
 
+/// A change given before `--create_new` would be undone by it: refused (a command-line error).
+fn misordered(actions: &[Action]) -> Option<&'static str> {
+    let first_create = actions.iter().position(|a| matches!(a, Action::CreateNew))?;
+    actions[..first_create].iter().find_map(|a| match a {
+        Action::Suspend(true) => Some("--suspend"),
+        Action::Suspend(false) => Some("--resume"),
+        Action::SetSm(..) => Some("--set-sm-limit"),
+        Action::SetMem(..) => Some("--set-mem-limit"),
+        _ => None,
+    })
+}
+
+/// What values are checked against: the devices of the region a change will meet, with their
+/// physical sizes (0 = unknown), the live file's or those `--create_new` will write.
+struct Shape {
+    devices: usize,
+    physical: [u64; MAX_DEVICES],
+}
+
+impl Shape {
+    fn of_region(r: &Region) -> Shape {
+        Shape { devices: r.device_num(), physical: std::array::from_fn(|d| r.physical_total(d)) }
+    }
+    fn of_init(i: &RegionInit) -> Shape {
+        Shape { devices: (i.device_num as usize).min(MAX_DEVICES), physical: i.physical }
+    }
+}
+
 /// A device index the region has.
-fn parse_dev(s: &str, r: &Region) -> Result<usize, String> {
-    let n = r.device_num();
+fn parse_dev(s: &str, shape: &Shape) -> Result<usize, String> {
+    let n = shape.devices;
     match s.trim().parse::<usize>() {
         Ok(d) if d < n => Ok(d),
         Ok(d) if n == 0 => Err(format!("device {d}: the region records no devices")),
@@ -113,12 +144,12 @@ fn is_literal_zero(s: &str) -> bool {
 }
 
 /// A memory cap for device `dev`: `None` = no cap (a literal zero only).
-fn parse_mem(s: &str, dev: usize, r: &Region) -> Result<Option<u64>, String> {
+fn parse_mem(s: &str, dev: usize, shape: &Shape) -> Result<Option<u64>, String> {
     match parse_size(s).map_err(|e| e.to_string())? {
         SizeSpec::Bytes(0) if is_literal_zero(s) => Ok(None),
         SizeSpec::Bytes(0) => Err(format!("memory limit {s:?} rounds down to 0 bytes (a literal 0 means no cap)")),
         SizeSpec::Bytes(b) => Ok(Some(b)),
-        spec @ SizeSpec::Percent(_) => match r.physical_total(dev) {
+        spec @ SizeSpec::Percent(_) => match shape.physical[dev] {
             0 => Err(format!("device {dev}: physical size unknown, cannot use {s:?}")),
             phys => match spec.resolve(phys) {
                 0 => Err(format!("memory limit {s:?} of device {dev} rounds down to 0 bytes")),
@@ -131,14 +162,17 @@ fn parse_mem(s: &str, dev: usize, r: &Region) -> Result<Option<u64>, String> {
 fn init_from_env() -> RegionInit {
     let cfg = Config::from_process_env();
     for p in &cfg.problems {
-        eprintln!("shrreg-tool: warning: {p}");
+        errln!("shrreg-tool: warning: {p}");
     }
     // Devices: the UUID list when given, else up to the highest per-device variable (`_<i>`),
     // else one. A global cap alone must not invent 16 devices.
     let mut n = cfg.devices_uuid.len();
     if n == 0 {
         n = 1;
-        for (k, _) in std::env::vars() {
+        // `vars_os`: `vars` panics on a name or value that is not UTF-8. Only names are read here
+        // (the values went through `Config`, where a non-UTF-8 value is malformed).
+        for (k, _) in std::env::vars_os() {
+            let Some(k) = k.to_str() else { continue };
             let families = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_MEM_LIMIT_", "CUDA_DEVICE_SM_LIMIT_", "CUDA_CORE_LIMIT_"];
             if let Some(i) = families.iter().find_map(|f| k.strip_prefix(f)).and_then(|i| i.parse::<usize>().ok()) {
                 if i < MAX_DEVICES {
@@ -185,33 +219,38 @@ fn apply(r: &Region, c: &Change) -> Result<String, String> {
 }
 
 fn run(file: Option<&String>, actions: Vec<Action>) -> Result<(), String> {
-    let path = region_path(file.map(String::as_str));
+    let path = region_path("shrreg-tool", file.map(String::as_str));
     let mutates = actions.iter().any(|a| matches!(a, Action::Suspend(_) | Action::SetSm(..) | Action::SetMem(..)));
     let creates = actions.iter().any(|a| matches!(a, Action::CreateNew));
-    // Check every value against the region first (mutations need the live file, read-write).
+    // What --create_new will write, read from the environment once, before anything changes.
+    let init = creates.then(init_from_env);
+    // Check every value first, against the region each change will meet: the live file (read-write;
+    // no change comes before --create_new, see `misordered`), or the one --create_new makes.
     let live = if mutates && !creates { Some(Region::open_existing(&path).map_err(|e| e.to_string())?) } else { None };
+    let mut shape = live.as_ref().map(Shape::of_region);
     let mut checked = Vec::new();
-    if let Some(r) = &live {
-        for a in &actions {
-            checked.push(match a {
-                Action::Suspend(on) => Some(Change::Suspend(*on)),
-                Action::SetSm(d, p) => {
-                    let dev = parse_dev(d, r)?;
-                    Some(Change::Sm(dev, parse_sm(p)?))
-                }
-                Action::SetMem(d, s) => {
-                    let dev = parse_dev(d, r)?;
-                    Some(Change::Mem(dev, parse_mem(s, dev, r)?))
-                }
-                _ => None,
-            });
-        }
+    for a in &actions {
+        let target = || shape.as_ref().ok_or_else(|| String::from("no region"));
+        checked.push(match a {
+            Action::CreateNew => {
+                shape = init.as_ref().map(Shape::of_init);
+                None
+            }
+            Action::Suspend(on) => Some(Change::Suspend(*on)),
+            Action::SetSm(d, p) => Some(Change::Sm(parse_dev(d, target()?)?, parse_sm(p)?)),
+            Action::SetMem(d, s) => {
+                let dev = parse_dev(d, target()?)?;
+                Some(Change::Mem(dev, parse_mem(s, dev, target()?)?))
+            }
+            Action::Print | Action::Version => None,
+        });
     }
     let mut region = live;
-    for (i, a) in actions.iter().enumerate() {
+    for (a, change) in actions.iter().zip(&checked) {
         match a {
             Action::CreateNew => {
-                let r = Region::create_new(&path, &init_from_env()).map_err(|e| e.to_string())?;
+                let Some(init) = &init else { unreachable!("computed when creating") };
+                let r = Region::create_new(&path, init).map_err(|e| e.to_string())?;
                 emit(&format!("created {}\n", path.display()));
                 region = Some(r);
             }
@@ -234,24 +273,8 @@ fn run(file: Option<&String>, actions: Vec<Action>) -> Result<(), String> {
                 }
             }
             Action::Suspend(_) | Action::SetSm(..) | Action::SetMem(..) => {
-                let Some(r) = &region else { return Err("no region".into()) };
-                let change = match checked.get(i) {
-                    Some(Some(c)) => apply(r, c)?,
-                    // after --create_new in the same call: check now, against the new region
-                    _ => {
-                        let c = match a {
-                            Action::Suspend(on) => Change::Suspend(*on),
-                            Action::SetSm(d, p) => Change::Sm(parse_dev(d, r)?, parse_sm(p)?),
-                            Action::SetMem(d, s) => {
-                                let dev = parse_dev(d, r)?;
-                                Change::Mem(dev, parse_mem(s, dev, r)?)
-                            }
-                            _ => unreachable!(),
-                        };
-                        apply(r, &c)?
-                    }
-                };
-                emit(&format!("{change}\n"));
+                let (Some(r), Some(c)) = (&region, change) else { return Err("no region".into()) };
+                emit(&format!("{}\n", apply(r, c)?));
             }
         }
     }
@@ -260,10 +283,15 @@ fn run(file: Option<&String>, actions: Vec<Action>) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let m = parse_args(cli());
-    match run(m.get_one::<String>("file"), actions(&m)) {
+    let actions = actions(&m);
+    if let Some(flag) = misordered(&actions) {
+        errln!("shrreg-tool: error: {flag} before --create_new would be undone by it; give --create_new first (see --help)");
+        return ExitCode::from(2);
+    }
+    match run(m.get_one::<String>("file"), actions) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("shrreg-tool: error: {e}");
+            errln!("shrreg-tool: error: {e}");
             ExitCode::from(1)
         }
     }

@@ -5,7 +5,7 @@
 use clap::{value_parser, Arg, ArgAction, Command};
 use std::process::ExitCode;
 use std::time::Duration;
-use vgpu_tools::{emit, parse_args, open_for_read, region_path, render_legacy_metrics, render_metrics, render_table, to_json, view};
+use vgpu_tools::{emit, errln, parse_args, open_for_read, region_path, render_legacy_metrics, render_metrics, render_table, to_json, view};
 
 fn cli() -> Command {
     Command::new("vgpu-smi")
@@ -61,7 +61,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let m = parse_args(cli());
-    let path = region_path(m.get_one::<String>("file").map(String::as_str));
+    let path = region_path("vgpu-smi", m.get_one::<String>("file").map(String::as_str));
     let watch = m.get_flag("watch");
     let count = m.get_one::<u64>("count").copied();
     let interval = m.get_one::<Duration>("interval").copied().unwrap_or(Duration::from_secs(1));
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         let r = match open_for_read(&path) {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("vgpu-smi: error: {e}");
+                errln!("vgpu-smi: error: {e}");
                 return ExitCode::from(1);
             }
         };
