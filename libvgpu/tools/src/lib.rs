@@ -31,9 +31,14 @@ pub fn region_path(tool: &str, flag: Option<&str>) -> PathBuf {
         return PathBuf::from(p);
     }
     const VAR: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-    let path = vgpu_core::config::Config::from_process_env().region_path;
+    let cfg = vgpu_core::config::Config::from_process_env();
+    let path = cfg.region_path;
     if std::env::var_os(VAR).is_some_and(|v| v.to_str().is_none()) {
         errln!("{tool}: warning: {VAR} is not valid UTF-8; using {path:?} (its lossy conversion, as the library does)");
+    }
+    // Empty or relative: the library's own line, so the tool's fallback is never silent.
+    for p in cfg.problems.iter().filter(|p| p.var == VAR) {
+        errln!("{tool}: warning: {p}");
     }
     PathBuf::from(path)
 }

@@ -713,3 +713,16 @@ fn non_utf8_region_path_resolves_as_the_library_does() {
     assert_eq!(stderr(&a).lines().count(), 1, "{}", stderr(&a));
     assert_eq!(Region::open_existing(&t.0).unwrap().sm_limit(0), Some(70));
 }
+
+/// A relative or empty region path: the tools fall back to the default as the library does, and
+/// say so in one line (never a silent look at another file).
+#[test]
+fn a_region_path_the_library_refuses_is_named_in_one_line() {
+    for val in ["relative.cache", " "] {
+        let a = tool("vgpu-smi").env("CUDA_DEVICE_MEMORY_SHARED_CACHE", val).arg("--json").assert();
+        let err = stderr(&a);
+        let ours: Vec<&str> = err.lines().filter(|l| l.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE")).collect();
+        assert_eq!(ours.len(), 1, "{val:?}: {err}");
+        assert!(ours[0].contains("/tmp/cudevshr.cache"), "{val:?}: {err}");
+    }
+}
