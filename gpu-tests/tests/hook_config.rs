@@ -123,8 +123,9 @@ fn valid_configuration_is_silent() {
 }
 
 /// A process whose environment changes the container's cap (newer intent, applied to every
-/// process sharing the region) says so in one line; one that changes nothing says nothing. A
-/// hostile test saw a sibling started without the variable lift a running process's cap silently.
+/// process sharing the region) says so in one line; one that changes nothing says nothing. One
+/// whose environment names no cap (a child started with a scrubbed env) keeps the container's,
+/// and says which applies: a hostile test saw such a sibling lift a running process's cap.
 #[test]
 fn a_process_that_changes_the_containers_cap_says_so() {
     let s = Scratch::new("hk-intent");
@@ -135,16 +136,23 @@ fn a_process_that_changes_the_containers_cap_says_so() {
             c.env_remove("CUDA_DEVICE_MEMORY_LIMIT");
         }
         let out = output(&mut c);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{limit:?}: {stderr}");
-        stderr.lines().filter(|l| l.contains("libvgpu")).map(String::from).collect::<Vec<_>>()
+        let lines = stderr.lines().filter(|l| l.contains("libvgpu")).map(String::from).collect::<Vec<_>>();
+        (num(&stdout, "allocated_bytes"), lines)
     };
-    assert_eq!(run(Some("512m")), Vec::<String>::new(), "a fresh region: nothing changes");
-    assert_eq!(run(Some("512m")), Vec::<String>::new(), "the same cap: nothing changes");
-    let lifted = run(None);
+    let (capped, lines) = run(Some("512m"));
+    assert_eq!(lines, Vec::<String>::new(), "a fresh region: nothing changes");
+    assert_eq!(run(Some("512m")).1, Vec::<String>::new(), "the same cap: nothing changes");
+    let (got, unset) = run(None);
+    assert_eq!(got, capped, "an unset variable kept the container's cap");
+    assert_eq!(unset.len(), 1, "{unset:?}");
+    assert!(unset[0].contains("not set") && unset[0].contains("512MiB applies"), "{unset:?}");
+    let (_, lifted) = run(Some("0"));
     assert_eq!(lifted.len(), 1, "{lifted:?}");
     assert!(lifted[0].contains("CUDA_DEVICE_MEMORY_LIMIT") && lifted[0].contains("from 512MiB to none"), "{lifted:?}");
-    let set = run(Some("256m"));
+    let (_, set) = run(Some("256m"));
     assert_eq!(set.len(), 1, "{set:?}");
     assert!(set[0].contains("from none to 256MiB"), "{set:?}");
 }

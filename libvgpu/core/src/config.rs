@@ -80,6 +80,10 @@ pub struct Config {
     pub mem: [MemLimit; MAX_DEVICES],
     /// Percent, 0 = no cap (0 and 100 both mean no cap; stored as given, malformed -> 1).
     pub sm: [u32; MAX_DEVICES],
+    /// Whether a variable names device d's memory / SM cap (any value, malformed too). Unnamed,
+    /// the process states no intent for the container's caps (`RegionInit::no_intent_mem`).
+    pub mem_named: [bool; MAX_DEVICES],
+    pub sm_named: [bool; MAX_DEVICES],
     pub soft_sm: [Option<u32>; MAX_DEVICES],
     pub oversubscribe: bool,
     pub disable_control: bool,
@@ -102,6 +106,8 @@ impl Default for Config {
         Config {
             mem: [MemLimit::Unset; MAX_DEVICES],
             sm: [0; MAX_DEVICES],
+            mem_named: [false; MAX_DEVICES],
+            sm_named: [false; MAX_DEVICES],
             soft_sm: [None; MAX_DEVICES],
             oversubscribe: false,
             disable_control: false,
@@ -205,7 +211,9 @@ impl Config {
                 i,
                 &["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_MEM_LIMIT_", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_MEM_LIMIT"],
             );
-            c.mem[i] = match r.first(&vars) {
+            let named = r.first(&vars);
+            c.mem_named[i] = named.is_some();
+            c.mem[i] = match named {
                 None => MemLimit::Unset,
                 Some((var, val)) => match parse_size(&val) {
                     // HAMi: an explicit 0 means no cap. Only a literal zero does: a nonzero
@@ -231,7 +239,9 @@ impl Config {
                 i,
                 &["CUDA_DEVICE_SM_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_CORE_LIMIT_", "CUDA_CORE_LIMIT"],
             );
-            c.sm[i] = match r.first(&vars) {
+            let named = r.first(&vars);
+            c.sm_named[i] = named.is_some();
+            c.sm[i] = match named {
                 None => 0,
                 Some((var, val)) => match parse_percent_int(&val) {
                     Ok(v) => v,
@@ -640,6 +650,20 @@ mod tests {
             assert_eq!(c.problems.len(), 1, "{rel}");
             assert!(c.problems[0].message.contains("absolute"), "{:?}", c.problems);
         }
+    }
+
+    /// Whether the env names each device's caps: an unset variable states no intent for the
+    /// container (the region keeps its caps); an explicit 0 does (no cap).
+    #[test]
+    fn which_caps_the_env_names() {
+        let c = cfg(&[]);
+        assert_eq!((c.mem_named, c.sm_named), ([false; MAX_DEVICES], [false; MAX_DEVICES]));
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "0"), ("CUDA_DEVICE_SM_LIMIT_1", "0")]);
+        assert_eq!(c.mem_named, [true; MAX_DEVICES]);
+        assert!(c.sm_named[1] && !c.sm_named[0]);
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_2", "abc"), ("CUDA_DEVICE_SM_LIMIT", "x")]);
+        assert!(c.mem_named[2] && !c.mem_named[0]);
+        assert_eq!(c.sm_named, [true; MAX_DEVICES]);
     }
 
     /// A percentage too small to name a byte of any device caps it at 0 with a line, as a size

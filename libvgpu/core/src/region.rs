@@ -167,6 +167,11 @@ pub struct RegionInit {
     pub mem_limits: [Option<u64>; MAX_DEVICES],
     pub sm_limits: [Option<u32>; MAX_DEVICES],
     pub soft_sm_limits: [Option<u32>; MAX_DEVICES],
+    /// The env names no memory / SM cap for device d (the variable unset): this process leaves the
+    /// container's as they are, where a region exists (a child started with a scrubbed env must
+    /// not lift them). `mem_limits[d]` / `sm_limits[d]` are then `None`.
+    pub no_intent_mem: [bool; MAX_DEVICES],
+    pub no_intent_sm: [bool; MAX_DEVICES],
     pub priority: i32,
 }
 
@@ -179,6 +184,8 @@ impl Default for RegionInit {
             mem_limits: [None; MAX_DEVICES],
             sm_limits: [None; MAX_DEVICES],
             soft_sm_limits: [None; MAX_DEVICES],
+            no_intent_mem: [false; MAX_DEVICES],
+            no_intent_sm: [false; MAX_DEVICES],
             priority: crate::config::DEFAULT_PRIORITY,
         }
     }
@@ -199,6 +206,8 @@ impl RegionInit {
             init.mem_limits[d] = cfg.mem_limit(d, phys);
             init.sm_limits[d] = cfg.sm_limit(d);
             init.soft_sm_limits[d] = cfg.soft_sm_limit(d);
+            init.no_intent_mem[d] = !cfg.mem_named[d];
+            init.no_intent_sm[d] = !cfg.sm_named[d];
         }
         init
     }
@@ -758,7 +767,14 @@ impl Region {
                 }
             }
             let env = init.mem_limits[d].unwrap_or(UNCAPPED);
-            if h.configured_limit[d].swap(env, AcqRel) != env {
+            if init.no_intent_mem[d] {
+                if let Some(cap) = self.limit(d) {
+                    crate::warn!(
+                        "device {d}: CUDA_DEVICE_MEMORY_LIMIT is not set in this process; the container's memory cap of {} applies",
+                        crate::size::format_size(cap)
+                    );
+                }
+            } else if h.configured_limit[d].swap(env, AcqRel) != env {
                 let was = self.limit(d);
                 self.store_limit(d, init.mem_limits[d]);
                 changed = true;
@@ -772,7 +788,11 @@ impl Region {
                 }
             }
             let env_sm = init.sm_limits[d].unwrap_or(0);
-            if h.configured_sm_limit[d].swap(env_sm, AcqRel) != env_sm {
+            if init.no_intent_sm[d] {
+                if let Some(cap) = self.sm_limit(d) {
+                    crate::warn!("device {d}: CUDA_DEVICE_SM_LIMIT is not set in this process; the container's SM cap of {cap}% applies");
+                }
+            } else if h.configured_sm_limit[d].swap(env_sm, AcqRel) != env_sm {
                 let was = self.sm_limit(d);
                 v1.sm_limit[d].store(env_sm as u64, Release);
                 h.soft_sm_limit[d].store(init.soft_sm_limits[d].unwrap_or(0), Release);

@@ -123,6 +123,29 @@ fn a_process_seeing_fewer_devices_leaves_the_others_caps() {
     assert_eq!(a.device_num(), 2);
 }
 
+/// A process whose env names no cap (the variable unset: a child started with a scrubbed env)
+/// leaves the container's caps as they are; an explicit 0 still lifts them. A hostile test saw such
+/// a sibling lift a running process's 1 GiB cap, which then allocated 2.3 GiB.
+#[test]
+fn an_unset_variable_states_no_intent() {
+    let p = TempPath::new("unset");
+    let a = Region::open(&p.0, &init_with(Some(GIB), Some(30))).unwrap();
+    let e0 = a.limits_epoch();
+    let mut silent = init_with(None, None);
+    silent.no_intent_mem = [true; MAX_DEVICES];
+    silent.no_intent_sm = [true; MAX_DEVICES];
+    let _b = Region::open(&p.0, &silent).unwrap();
+    assert_eq!((a.limit(0), a.sm_limit(0)), (Some(GIB), Some(30)));
+    assert_eq!(a.limits_epoch(), e0, "nothing changed");
+    // a fresh region made by such a process has no caps
+    let q = TempPath::new("unset-fresh");
+    let f = Region::open(&q.0, &silent).unwrap();
+    assert_eq!((f.limit(0), f.sm_limit(0)), (None, None));
+    // an explicit 0 is an intent: no cap
+    let _c = Region::open(&p.0, &init_with(None, None)).unwrap();
+    assert_eq!((a.limit(0), a.sm_limit(0)), (None, None));
+}
+
 fn write_file(path: &Path, bytes: &[u8]) {
     let mut f = File::create(path).unwrap();
     f.write_all(bytes).unwrap();
