@@ -76,6 +76,7 @@ fn unusable_region_falls_back_to_private_and_still_caps() {
     ]);
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("private region")).collect();
     assert_eq!(lines.len(), 1, "{err}");
+    assert_eq!(lines[0].matches("/proc/no-such-dir/cudevshr.cache").count(), 1, "the path once: {}", lines[0]);
     assert_eq!(num(&out, "allocated_bytes"), 512 * MIB - CTX, "{out}");
 }
 

@@ -236,10 +236,8 @@ fn build_proc(cfg: &Config, reuse: Option<(Region, Vec<DeviceInfo>)>) -> Option<
             let region = match Region::open(&cfg.region_path, &init) {
                 Ok(r) => r,
                 Err(e) => {
-                    vgpu_core::error!(
-                        "shared region {}: {e}; using a private region (limits apply to this process only)",
-                        cfg.region_path
-                    );
+                    let place = if e.names_path() { String::new() } else { format!("shared region {}: ", cfg.region_path) };
+                    vgpu_core::error!("{place}{e}; using a private region (limits apply to this process only)");
                     match Region::private(&init) {
                         Ok(r) => r,
                         Err(e) => {

@@ -97,6 +97,21 @@ pub enum RegionError {
     NotOwner(SlotId),
 }
 
+impl RegionError {
+    /// Whether the message names the region's path already (a caller adds it where not).
+    pub fn names_path(&self) -> bool {
+        matches!(
+            self,
+            RegionError::NotFound(_)
+                | RegionError::PermissionDenied(_)
+                | RegionError::Invalid { .. }
+                | RegionError::InUse { .. }
+                | RegionError::Io { .. }
+                | RegionError::NoSpace(_)
+        )
+    }
+}
+
 impl fmt::Display for RegionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

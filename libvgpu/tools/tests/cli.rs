@@ -726,3 +726,48 @@ fn a_region_path_the_library_refuses_is_named_in_one_line() {
         assert!(ours[0].contains("/tmp/cudevshr.cache"), "{val:?}: {err}");
     }
 }
+
+/// `vgpu-smi --watch` outlives the region's recreation (deleted, then made again by the library's
+/// next look): one line while it is gone, rounds again once it is back, exit 0. It ended with
+/// "does not exist" (exit 1) when a round fell in the gap.
+#[test]
+fn watch_waits_out_a_recreated_region() {
+    let t = Tmp::new();
+    drop(Region::create_new(&t.0, &init()).unwrap());
+    let bin = assert_cmd::cargo::cargo_bin("vgpu-smi");
+    let mut child = std::process::Command::new(bin)
+        .env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+        .args(["--file", t.0.to_str().unwrap(), "--watch", "--json", "--interval", "0.1", "--count", "15"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Deleted after the first round (however slow the start), back 0.5 s later: about 5 rounds
+    // fall in the gap.
+    use std::io::{BufRead, Read};
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    lines.read_line(&mut first).unwrap();
+    std::fs::remove_file(&t.0).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(Region::create_new(&t.0, &init()).unwrap());
+    let mut rest = String::new();
+    lines.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let rounds = 1 + rest.lines().count();
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert_eq!(err.lines().count(), 1, "one line for the gap: {err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!((1..15).contains(&rounds), "rounds outside the gap: {rounds}");
+}
+
+/// An empty `--file` is a usage error naming the flag (it said "shared region  does not exist").
+#[test]
+fn an_empty_file_flag_is_a_usage_error() {
+    for bin in ["vgpu-smi", "shrreg-tool"] {
+        let a = tool(bin).args(["--file", ""]).assert().code(2);
+        let err = stderr(&a);
+        assert!(err.contains("--file") && !err.contains("does not exist"), "{bin}: {err}");
+    }
+}

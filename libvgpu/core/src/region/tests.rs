@@ -1173,3 +1173,26 @@ fn a_hard_link_to_another_file_is_never_initialized() {
     assert_eq!((m.len(), m.permissions().mode() & 0o777), (0, 0o600));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `names_path` says truly whether the message holds the path (the library's line adds it only
+/// where not: it was said twice).
+#[test]
+fn an_error_names_its_path_where_it_says_it_does() {
+    let p = PathBuf::from("/x/region.cache");
+    let io = || io::Error::from_raw_os_error(libc::EIO);
+    let all = [
+        RegionError::NotFound(p.clone()),
+        RegionError::PermissionDenied(p.clone()),
+        RegionError::Invalid { path: p.clone(), reason: "short".into() },
+        RegionError::InUse { path: p.clone(), reason: "short".into() },
+        RegionError::Io { path: p.clone(), op: "open", err: io() },
+        RegionError::Lock(io()),
+        RegionError::Busy("slot table"),
+        RegionError::NoSpace(p.clone()),
+        RegionError::TableFull,
+        RegionError::BadDevice(3),
+    ];
+    for e in all {
+        assert_eq!(e.to_string().contains("/x/region.cache"), e.names_path(), "{e}");
+    }
+}

@@ -25,7 +25,7 @@ fn cli() -> Command {
             "checked against the region it makes.\n",
             "Exit status: 0 done, 1 invalid value or region problem (one line on stderr), 2 command-line error."
         ))
-        .arg(Arg::new("file").long("file").short('f').value_name("PATH").help("Region file (default: see below)"))
+        .arg(Arg::new("file").long("file").short('f').value_name("PATH").value_parser(clap::builder::NonEmptyStringValueParser::new()).help("Region file (default: see below)"))
         .arg(flag("create_new", "create_new", "Create or reinitialize the region from the environment (refused while in use)").visible_alias("create-new"))
         .arg(flag("print", "print", "Show devices, limits, live processes' usage and the suspend state").short('p'))
         .arg(flag("version", "version", "Show the tool and region layout versions").short('v'))

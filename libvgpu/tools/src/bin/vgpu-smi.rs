@@ -6,6 +6,7 @@ use clap::{value_parser, Arg, ArgAction, Command};
 use std::process::ExitCode;
 use std::time::Duration;
 use vgpu_tools::{emit, errln, parse_args, open_for_read, region_path, render_legacy_metrics, render_metrics, render_table, to_json, view};
+use vgpu_core::region::RegionError;
 
 fn cli() -> Command {
     Command::new("vgpu-smi")
@@ -16,7 +17,7 @@ fn cli() -> Command {
             "Utilization is the container's share over the last seconds; it reads 0 when nothing launches.\n",
             "Exit status: 0 done (also when the reader of a pipe goes away), 1 region problem, 2 command-line error."
         ))
-        .arg(Arg::new("file").long("file").short('f').value_name("PATH").help("Region file (default: see below)"))
+        .arg(Arg::new("file").long("file").short('f').value_name("PATH").value_parser(clap::builder::NonEmptyStringValueParser::new()).help("Region file (default: see below)"))
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("One JSON object per round"))
         .arg(
             Arg::new("metrics")
@@ -66,13 +67,25 @@ fn main() -> ExitCode {
     let count = m.get_one::<u64>("count").copied();
     let interval = m.get_one::<Duration>("interval").copied().unwrap_or(Duration::from_secs(1));
     let rounds = if watch { count.unwrap_or(u64::MAX) } else { count.unwrap_or(1) };
+    let mut said_missing = false;
     for i in 0..rounds {
         if i > 0 {
             std::thread::sleep(interval);
         }
-        // Reopen each round: the region may be recreated while we watch.
+        // Reopen each round: the region may be recreated while we watch (deleted, it is gone
+        // until the library's next look, about a second: watching waits, saying so once).
         let r = match open_for_read(&path) {
-            Ok(r) => r,
+            Ok(r) => {
+                said_missing = false;
+                r
+            }
+            Err(e @ RegionError::NotFound(_)) if watch => {
+                if !said_missing {
+                    errln!("vgpu-smi: {e}; watching for it");
+                    said_missing = true;
+                }
+                continue;
+            }
             Err(e) => {
                 errln!("vgpu-smi: error: {e}");
                 return ExitCode::from(1);
