@@ -157,3 +157,40 @@ fn a_process_that_changes_the_containers_cap_says_so() {
     assert_eq!(set.len(), 1, "{set:?}");
     assert!(set[0].contains("from none to 256MiB"), "{set:?}");
 }
+
+/// A process whose stderr blocks (a full pipe nobody reads) while it says which cap applies must
+/// not keep the region's table lock meanwhile: a newcomer then took a private region and the
+/// container went past its cap (a hostile review: 1.7 GiB under 1 GiB).
+#[test]
+fn a_process_blocked_on_its_stderr_keeps_no_lock_from_the_others() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::fd::FromRawFd;
+    use std::process::Stdio;
+    let s = Scratch::new("hk-blocked");
+    let mut a = hooked("test_alloc_paths", &s, Some("1g"));
+    a.args(["--path", "mem_alloc", "--size", "256m", "--hold", "--hold-seconds", "60"]).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut a = a.spawn().unwrap();
+    let mut lines = BufReader::new(a.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().contains("holding=1")), "A never held its 256 MiB");
+    // B names no cap, so it says the container's applies, into a full pipe.
+    let mut fds = [0; 2];
+    // SAFETY: a fresh pipe, filled while non-blocking, then blocking again for the child.
+    let (reader, mut full) = unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK), 0);
+        (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1]))
+    };
+    while full.write(&[b'x'; 4096]).is_ok() {}
+    unsafe { libc::fcntl(fds[1], libc::F_SETFL, 0) };
+    let mut b = hooked("test_alloc_paths", &s, None);
+    b.env_remove("CUDA_DEVICE_MEMORY_LIMIT").args(["--path", "mem_alloc", "--size", "1m"]).stdout(Stdio::null()).stderr(full);
+    let mut b = b.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let c = output(hooked("test_alloc_paths", &s, Some("1g")).args(["--path", "mem_alloc", "--size", "600m"]));
+    let _ = b.kill();
+    let _ = a.kill();
+    let _ = (b.wait(), a.wait());
+    drop(reader);
+    let (out, err) = (String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+    assert!(!err.contains("private region"), "the newcomer lost the shared region:\n{err}");
+    assert!(out.contains("path=mem_alloc result=CUDA_ERROR_OUT_OF_MEMORY"), "past the container's cap:\n{out}\n{err}");
+}

@@ -645,7 +645,7 @@ impl Region {
             lock::unlock(fd, LOCK_TABLE);
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (base, fresh) = match Self::open_locked(path, &file, &meta, created, mode) {
+        let (base, fresh, mut notes) = match Self::open_locked(path, &file, &meta, created, mode) {
             Ok(v) => v,
             Err(e) => {
                 lock::unlock(fd, LOCK_TABLE);
@@ -658,14 +658,22 @@ impl Region {
         if fresh {
             r.init_fresh(init);
         } else {
-            r.apply_intent(init);
+            notes.extend(r.apply_intent(init));
         }
         lock::unlock(fd, LOCK_TABLE);
+        // Said after the unlock: a write to a stderr that blocks (a full pipe, a paused terminal)
+        // must not keep the container's table lock, which would send every newcomer to a private
+        // region.
+        for n in notes {
+            crate::warn!("{n}");
+        }
         Ok(r)
     }
 
     /// Under the table lock: validate or (re)initialize, allocate, map, take the liveness lock.
-    fn open_locked(path: &Path, file: &File, meta: &std::fs::Metadata, created: bool, mode: OpenMode) -> Result<(MmapRaw, bool), RegionError> {
+    /// Also what to say once the lock is given back.
+    fn open_locked(path: &Path, file: &File, meta: &std::fs::Metadata, created: bool, mode: OpenMode) -> Result<(MmapRaw, bool, Vec<String>), RegionError> {
+        let mut notes = Vec::new();
         use std::os::unix::fs::MetadataExt;
         let fd = file.as_raw_fd();
         // Re-read the size under the lock (another process may have initialized it meanwhile).
@@ -695,7 +703,7 @@ impl Region {
                     return Err(RegionError::InUse { path: path.to_path_buf(), reason });
                 }
                 if size != 0 && mode == OpenMode::User {
-                    crate::warn!("shared region {}: {reason}; recreating it", path.display());
+                    notes.push(format!("shared region {}: {reason}; recreating it", path.display()));
                 }
                 true
             }
@@ -732,7 +740,7 @@ impl Region {
         } else {
             lock::unlock(fd, LOCK_LIVENESS);
         }
-        Ok((base, fresh))
+        Ok((base, fresh, notes))
     }
     /// Write a fresh layout (the memory is zero).
     fn init_fresh(&self, init: &RegionInit) {
@@ -764,10 +772,12 @@ impl Region {
     /// value; an equal one keeps the live value (so shrreg-tool changes persist). Only for the
     /// devices this process sees: it says nothing of the others. A change is said in one line,
     /// since it applies to every process sharing the region.
-    fn apply_intent(&self, init: &RegionInit) {
+    /// Returns the lines to say (after the table lock is given back).
+    fn apply_intent(&self, init: &RegionInit) -> Vec<String> {
         let v1 = self.v1();
         let h = self.ext_header();
         let mut changed = false;
+        let mut notes = Vec::new();
         let seen = (init.device_num as usize).min(MAX_DEVICES);
         for d in 0..seen {
             if init.physical[d] != 0 {
@@ -784,10 +794,10 @@ impl Region {
             let env = init.mem_limits[d].unwrap_or(UNCAPPED);
             if init.no_intent_mem[d] {
                 if let Some(cap) = self.limit(d) {
-                    crate::warn!(
+                    notes.push(format!(
                         "device {d}: CUDA_DEVICE_MEMORY_LIMIT is not set in this process; the container's memory cap of {} applies",
                         crate::size::format_size(cap)
-                    );
+                    ));
                 }
             } else if h.configured_limit[d].swap(env, AcqRel) != env {
                 let was = self.limit(d);
@@ -795,17 +805,17 @@ impl Region {
                 changed = true;
                 if was != init.mem_limits[d] {
                     let show = |l: Option<u64>| l.map_or("none".to_string(), crate::size::format_size);
-                    crate::warn!(
+                    notes.push(format!(
                         "device {d}: this process's CUDA_DEVICE_MEMORY_LIMIT changes the memory cap of every process sharing the region from {} to {}",
                         show(was),
                         show(init.mem_limits[d])
-                    );
+                    ));
                 }
             }
             let env_sm = init.sm_limits[d].unwrap_or(0);
             if init.no_intent_sm[d] {
                 if let Some(cap) = self.sm_limit(d) {
-                    crate::warn!("device {d}: CUDA_DEVICE_SM_LIMIT is not set in this process; the container's SM cap of {cap}% applies");
+                    notes.push(format!("device {d}: CUDA_DEVICE_SM_LIMIT is not set in this process; the container's SM cap of {cap}% applies"));
                 }
             } else if h.configured_sm_limit[d].swap(env_sm, AcqRel) != env_sm {
                 let was = self.sm_limit(d);
@@ -814,11 +824,11 @@ impl Region {
                 changed = true;
                 if was != init.sm_limits[d] {
                     let show = |l: Option<u32>| l.map_or("none".to_string(), |v| format!("{v}%"));
-                    crate::warn!(
+                    notes.push(format!(
                         "device {d}: this process's CUDA_DEVICE_SM_LIMIT changes the SM cap of every process sharing the region from {} to {}",
                         show(was),
                         show(init.sm_limits[d])
-                    );
+                    ));
                 }
             }
         }
@@ -827,6 +837,7 @@ impl Region {
         if changed {
             h.limits_epoch.fetch_add(1, AcqRel);
         }
+        notes
     }
 
     /// Child side of fork: drop the inherited descriptors (the parent's locks stay: they belong to
@@ -917,7 +928,7 @@ impl Region {
         // while its reservation would land in the new file, where nobody waits for it (review).
         // Held by a thread of ours now, the next upkeep tick tries again.
         let deadline = Instant::now() + Duration::from_millis(10);
-        let Some(_quiet) = self.dev_mu.iter().map(|m| lock_mu_until(m, || deadline)).collect::<Option<Vec<_>>>() else {
+        let Some(quiet) = self.dev_mu.iter().map(|m| lock_mu_until(m, || deadline)).collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
         let new = match Region::open(path, init) {
@@ -982,6 +993,8 @@ impl Region {
             }
             n.hostpid.store(o.hostpid.load(Relaxed), Relaxed);
         }
+        // Said with no lock held: a stderr that blocks must not stall this process's allocations.
+        drop(quiet);
         crate::warn!(
             "shared region {} was deleted or replaced; re-attached to the file now there ({} slot(s) moved)",
             path.display(),
