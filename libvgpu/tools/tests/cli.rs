@@ -771,3 +771,27 @@ fn an_empty_file_flag_is_a_usage_error() {
         assert!(err.contains("--file") && !err.contains("does not exist"), "{bin}: {err}");
     }
 }
+
+/// `--create_new` cannot resolve a percentage (the tool does not know the device's size): it is
+/// refused with a line and nothing is made. It made a 0-byte cap, silently (a hostile review).
+#[test]
+fn create_new_refuses_a_percentage_it_cannot_resolve() {
+    let t = Tmp::new();
+    let a = tool("shrreg-tool").env("CUDA_DEVICE_MEMORY_LIMIT", "50%").args(["--file", t.0.to_str().unwrap(), "--create_new"]).assert().code(1);
+    let err = stderr(&a);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("50%") && err.contains("percentage"), "{err}");
+    assert!(!t.0.exists(), "a region was made");
+}
+
+/// The environment's region path is the tools' to name only where they use it, and once.
+#[test]
+fn create_new_names_an_unused_region_path_variable_nowhere() {
+    let t = Tmp::new();
+    let a = tool("shrreg-tool")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", "relative.cache")
+        .args(["--file", t.0.to_str().unwrap(), "--create_new"])
+        .assert()
+        .success();
+    assert!(!stderr(&a).contains("CUDA_DEVICE_MEMORY_SHARED_CACHE"), "{}", stderr(&a));
+}

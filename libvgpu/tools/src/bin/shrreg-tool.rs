@@ -7,7 +7,7 @@
 
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
 use std::process::ExitCode;
-use vgpu_core::config::Config;
+use vgpu_core::config::{Config, MemLimit};
 use vgpu_core::region::{Region, RegionInit, EXT_VERSION, HAMI_MAJOR, HAMI_MINOR};
 use vgpu_core::size::{format_size, parse_size, SizeSpec};
 use vgpu_core::MAX_DEVICES;
@@ -159,9 +159,10 @@ fn parse_mem(s: &str, dev: usize, shape: &Shape) -> Result<Option<u64>, String> 
     }
 }
 
-fn init_from_env() -> RegionInit {
+fn init_from_env() -> Result<RegionInit, String> {
     let cfg = Config::from_process_env();
-    for p in &cfg.problems {
+    // The region path is `region_path`'s to name (and only where the environment picks it).
+    for p in cfg.problems.iter().filter(|p| p.var != "CUDA_DEVICE_MEMORY_SHARED_CACHE") {
         errln!("shrreg-tool: warning: {p}");
     }
     // Devices: the UUID list when given, else up to the highest per-device variable (`_<i>`),
@@ -181,8 +182,17 @@ fn init_from_env() -> RegionInit {
             }
         }
     }
+    // The tool does not know the devices' sizes: a percentage would resolve to 0 bytes.
+    if let Some((d, p)) = cfg.mem.iter().take(n).enumerate().find_map(|(d, m)| match m {
+        MemLimit::Spec(SizeSpec::Percent(p)) => Some((d, p)),
+        _ => None,
+    }) {
+        return Err(format!(
+            "device {d}: a memory cap of {p}% is a percentage of the device's size, which shrreg-tool does not know; give a size (like 4g), or let the library create the region"
+        ));
+    }
     let physical = vec![0u64; n.min(MAX_DEVICES)];
-    RegionInit::from_config(&cfg, &physical, &cfg.devices_uuid)
+    Ok(RegionInit::from_config(&cfg, &physical, &cfg.devices_uuid))
 }
 
 /// A checked change.
@@ -223,7 +233,7 @@ fn run(file: Option<&String>, actions: Vec<Action>) -> Result<(), String> {
     let mutates = actions.iter().any(|a| matches!(a, Action::Suspend(_) | Action::SetSm(..) | Action::SetMem(..)));
     let creates = actions.iter().any(|a| matches!(a, Action::CreateNew));
     // What --create_new will write, read from the environment once, before anything changes.
-    let init = creates.then(init_from_env);
+    let init = if creates { Some(init_from_env()?) } else { None };
     // Check every value first, against the region each change will meet: the live file (read-write;
     // no change comes before --create_new, see `misordered`), or the one --create_new makes.
     let live = if mutates && !creates { Some(Region::open_existing(&path).map_err(|e| e.to_string())?) } else { None };
