@@ -187,6 +187,9 @@ pub struct RegionInit {
     /// not lift them). `mem_limits[d]` / `sm_limits[d]` are then `None`.
     pub no_intent_mem: [bool; MAX_DEVICES],
     pub no_intent_sm: [bool; MAX_DEVICES],
+    /// This process never caps compute (`GPU_CORE_UTILIZATION_POLICY=disable`): it states no SM
+    /// intent for the container, and no SM cap applies to it.
+    pub compute_uncapped: bool,
     pub priority: i32,
 }
 
@@ -201,6 +204,7 @@ impl Default for RegionInit {
             soft_sm_limits: [None; MAX_DEVICES],
             no_intent_mem: [false; MAX_DEVICES],
             no_intent_sm: [false; MAX_DEVICES],
+            compute_uncapped: false,
             priority: crate::config::DEFAULT_PRIORITY,
         }
     }
@@ -213,6 +217,7 @@ impl RegionInit {
             device_num: physical.len().min(MAX_DEVICES) as u32,
             uuids: uuids.iter().take(MAX_DEVICES).cloned().collect(),
             priority: cfg.priority,
+            compute_uncapped: cfg.policy == crate::config::UtilPolicy::Disable,
             ..RegionInit::default()
         };
         // Only devices that exist get limits: a global cap must not mark 16 phantom devices.
@@ -222,7 +227,7 @@ impl RegionInit {
             init.sm_limits[d] = cfg.sm_limit(d);
             init.soft_sm_limits[d] = cfg.soft_sm_limit(d);
             init.no_intent_mem[d] = !cfg.mem_named[d];
-            init.no_intent_sm[d] = !cfg.sm_named[d];
+            init.no_intent_sm[d] = !cfg.sm_named[d] || init.compute_uncapped;
         }
         init
     }
@@ -814,7 +819,7 @@ impl Region {
             }
             let env_sm = init.sm_limits[d].unwrap_or(0);
             if init.no_intent_sm[d] {
-                if let Some(cap) = self.sm_limit(d) {
+                if let Some(cap) = self.sm_limit(d).filter(|_| !init.compute_uncapped) {
                     notes.push(format!("device {d}: CUDA_DEVICE_SM_LIMIT is not set in this process; the container's SM cap of {cap}% applies"));
                 }
             } else if h.configured_sm_limit[d].swap(env_sm, AcqRel) != env_sm {

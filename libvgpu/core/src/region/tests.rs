@@ -146,6 +146,27 @@ fn an_unset_variable_states_no_intent() {
     assert_eq!((a.limit(0), a.sm_limit(0)), (None, None));
 }
 
+/// A process that never caps compute (`GPU_CORE_UTILIZATION_POLICY=disable`) states no SM intent
+/// for the container and is told of no SM cap (none applies to it): it lifted the container's SM
+/// cap, blaming CUDA_DEVICE_SM_LIMIT, and without the variable said a cap applied (a hostile review).
+#[test]
+fn a_process_that_never_caps_compute_leaves_the_sm_cap_and_hears_of_none() {
+    let p = TempPath::new("disable");
+    let a = Region::open(&p.0, &init_with(Some(GIB), Some(30))).unwrap();
+    for named in [true, false] {
+        let cfg = crate::config::Config::from_env(&|k| match k {
+            "CUDA_DEVICE_MEMORY_LIMIT" => Some("1g".to_string()),
+            "CUDA_DEVICE_SM_LIMIT" if named => Some("30".to_string()),
+            "GPU_CORE_UTILIZATION_POLICY" => Some("disable".to_string()),
+            _ => None,
+        });
+        let init = RegionInit::from_config(&cfg, &[8 * GIB, 8 * GIB], &["GPU-aaaa".into(), "GPU-bbbb".into()]);
+        let notes = a.apply_intent(&init);
+        assert_eq!(a.sm_limit(0), Some(30), "named {named}");
+        assert!(notes.iter().all(|n| !n.contains("SM")), "named {named}: {notes:?}");
+    }
+}
+
 fn write_file(path: &Path, bytes: &[u8]) {
     let mut f = File::create(path).unwrap();
     f.write_all(bytes).unwrap();
