@@ -800,7 +800,7 @@ impl Region {
             if init.no_intent_mem[d] {
                 if let Some(cap) = self.limit(d) {
                     notes.push(format!(
-                        "device {d}: CUDA_DEVICE_MEMORY_LIMIT is not set in this process; the container's memory cap of {} applies",
+                        "device {d}: CUDA_DEVICE_MEMORY_LIMIT is not set in this process; the container's memory cap of {} applies (0 lifts it, for every process sharing the region)",
                         crate::size::format_size(cap)
                     ));
                 }
@@ -820,7 +820,9 @@ impl Region {
             let env_sm = init.sm_limits[d].unwrap_or(0);
             if init.no_intent_sm[d] {
                 if let Some(cap) = self.sm_limit(d).filter(|_| !init.compute_uncapped) {
-                    notes.push(format!("device {d}: CUDA_DEVICE_SM_LIMIT is not set in this process; the container's SM cap of {cap}% applies"));
+                    notes.push(format!(
+                        "device {d}: CUDA_DEVICE_SM_LIMIT is not set in this process; the container's SM cap of {cap}% applies (0 lifts it, for every process sharing the region)"
+                    ));
                 }
             } else if h.configured_sm_limit[d].swap(env_sm, AcqRel) != env_sm {
                 let was = self.sm_limit(d);
