@@ -655,12 +655,15 @@ fn a_service_lingers_beside_a_lower_priority_and_its_context_synchronize_does_no
     let (out, err) = lingering_service(&s, &[], &["--ctx-only", "--side-us", "1500", "--random"]);
     let (n, requests) = (lingers(&err), field(&out, "requests"));
     let answered = field(&err, "answered_ctx_syncs");
-    eprintln!("context-synchronizing service: {n} lingers, {answered} answered, in {requests} requests; latency p90 {} us", field(&out, "lat_p90_us"));
+    eprintln!("context-synchronizing service: {n} lingers, {answered} answered, in {requests} requests; latency p50 {} p90 {} us", field(&out, "lat_p50_us"), field(&out, "lat_p90_us"));
     assert!(n as f64 >= 0.8 * requests && n as f64 <= requests + 5.0, "a context-synchronizing service lingered {n} times in {requests} requests\n{err}");
     assert!(answered >= 0.8 * requests, "{answered} context synchronizes answered with events in {requests} requests\n{err}");
     assert_eq!(field(&out, "side_unfinished"), 0.0, "a context synchronize returned before the second stream's kernel completed\n{out}");
-    let p90 = field(&out, "lat_p90_us");
-    assert!(p90 < 4000.0, "a context-synchronizing request took {p90:.0} us (p90): it waited for the 5-ms spin\n{out}");
+    // A synchronize that waited for the spin it queued would take 5 ms more, every request: the
+    // median is over 5 ms then (7 on the mock), and 2.2-3.8 ms otherwise, a loaded 2-core
+    // machine included, where the tail reads 4-9 ms without any wait for a spin.
+    let p50 = field(&out, "lat_p50_us");
+    assert!(p50 < 5000.0, "a context-synchronizing request took {p50:.0} us (median): it waited for the 5-ms spin it queued\n{out}");
     // The second stream destroyed right after its launch each request: its kernel still runs,
     // and every context synchronize still waits for it.
     let (out, _) = lingering_service(&s, &[], &["--ctx-only", "--side-us", "1500", "--side-destroy", "--random"]);

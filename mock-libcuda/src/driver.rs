@@ -69,6 +69,36 @@ pub struct Alloc {
 pub struct Event {
     pub stamp: Option<u64>,
     pub flags: u32,
+    /// The spin its record was queued behind, if one was still running: a spin's end is known
+    /// only when its word moves, and the event completes after it, as on a GPU.
+    pub behind: Option<Linger>,
+}
+
+impl Event {
+    /// What a wait for it waits until, where it was recorded.
+    pub fn until(&self) -> Option<Until> {
+        self.stamp.map(|at| Until { at, spins: self.behind.into_iter().collect() })
+    }
+}
+
+/// When some work ends: at `at`, or later where spins it waits for still run (their words can
+/// move while a wait goes on, which ends them).
+pub struct Until {
+    pub at: u64,
+    pub spins: Vec<Linger>,
+}
+
+impl Until {
+    /// The end as far as the spins' words tell now.
+    pub fn ends(&self) -> u64 {
+        self.spins.iter().map(Linger::ends_at).fold(self.at, u64::max)
+    }
+}
+
+impl From<u64> for Until {
+    fn from(at: u64) -> Self {
+        Until { at, spins: Vec::new() }
+    }
 }
 
 pub struct Func {
@@ -648,11 +678,16 @@ impl Proc {
         Ok(Step::Done)
     }
 
-    /// When all work of context `c` ends (its spins included, as far as their words tell now).
-    pub fn ctx_idle_at(&self, c: u64) -> u64 {
+    /// When all work of context `c` ends, its spins included.
+    pub fn ctx_idle_at(&self, c: u64) -> Until {
         let own = self.ctxs.get(&c).map_or(0, |x| x.default_stream.last_end.max(x.destroyed_until));
-        let streams = self.streams.values().filter(|s| s.ctx == c).map(|s| s.last_end).fold(own, u64::max);
-        self.lingers.iter().filter(|l| l.ctx == c).map(Linger::ends_at).fold(streams, u64::max)
+        let at = self.streams.values().filter(|s| s.ctx == c).map(|s| s.last_end).fold(own, u64::max);
+        Until { at, spins: self.lingers.iter().filter(|l| l.ctx == c).copied().collect() }
+    }
+
+    /// The spins queued on stream `s`: its later records and synchronizes wait for them.
+    pub fn spins_on(&self, s: u64) -> Vec<Linger> {
+        self.lingers.iter().filter(|l| l.stream == s).copied().collect()
     }
 
     /// Queue a `vgpu_linger` spin on stream `s`: after the stream's work and any earlier spin
@@ -691,7 +726,7 @@ impl Proc {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let e = self.handle(0xE7);
-        self.events.insert(e, Event { stamp: None, flags });
+        self.events.insert(e, Event { stamp: None, flags, behind: None });
         Ok(e)
     }
 

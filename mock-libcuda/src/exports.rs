@@ -28,10 +28,17 @@ fn run_steps(mut f: impl FnMut(&mut Proc, &'static GpuState) -> R<Step>) -> CUre
 }
 
 /// A synchronize: `f` says until when, we sleep, then pools release their idle memory.
-fn sync_until(f: impl FnOnce(&mut Proc) -> R<u64>) -> CUresult {
-    match with_init(|p, _| f(p)) {
-        Ok(t) => {
-            sleep_until_ns(t);
+fn sync_until<U: Into<Until>>(f: impl FnOnce(&mut Proc) -> R<U>) -> CUresult {
+    match with_init(|p, _| f(p).map(Into::into)) {
+        Ok(until) => {
+            // A spin's word can move meanwhile (another thread's synchronize): look again often.
+            loop {
+                let (end, now) = (until.ends(), now_ns());
+                if now >= end {
+                    break;
+                }
+                sleep_until_ns(if until.spins.is_empty() { end } else { end.min(now + 100_000) });
+            }
             run(|p, st| {
                 p.release_pools(st);
                 Ok(())
@@ -281,7 +288,8 @@ unsafe fn stream_sync(stream: Handle) -> CUresult {
         if s.capture.is_some() {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        Ok(s.last_end)
+        let at = s.last_end;
+        Ok(Until { at, spins: p.spins_on(stream as u64) })
     })
 }
 
@@ -291,7 +299,8 @@ unsafe fn stream_query(stream: Handle) -> CUresult {
         if s.capture.is_some() {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        if now_ns() < s.last_end {
+        let at = s.last_end;
+        if now_ns() < (Until { at, spins: p.spins_on(stream as u64) }).ends() {
             return Err(CUDA_ERROR_NOT_READY);
         }
         Ok(())
@@ -314,7 +323,10 @@ unsafe fn stream_wait_event(stream: Handle, event: Handle, flags: c_uint) -> CUr
         if flags > 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let stamp = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.stamp.unwrap_or(0);
+        // A spin the event waits for is taken as ending where its word says now (a later move
+        // does not shorten the wait; libvgpu's spins are waited for by none of its streams).
+        let e = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let stamp = e.until().map_or(0, |u| u.ends());
         let s = p.stream_mut(stream as u64)?;
         s.last_end = s.last_end.max(stamp);
         Ok(())
@@ -327,9 +339,10 @@ unsafe fn event_record(event: Handle, stream: Handle) -> CUresult {
         let s = p.stream_mut(stream as u64)?;
         // While capturing, a record becomes a graph node in the real driver; here it is a no-op.
         let stamp = (s.capture.is_none()).then(|| s.last_end.max(now_ns()));
+        let behind = p.spins_on(stream as u64).into_iter().rev().find(|l| stamp.is_some_and(|t| l.ends_at() > t));
         let e = p.events.get_mut(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if stamp.is_some() {
-            e.stamp = stamp;
+            (e.stamp, e.behind) = (stamp, behind);
         }
         Ok(())
     })
@@ -1140,14 +1153,14 @@ driver_exports! {
     "cuEventQuery" @ 2000 => fn cuEventQuery(event: Handle) {
         not_ready_pause(run(|p, _| {
             let e = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            if e.stamp.is_some_and(|t| now_ns() < t) {
+            if e.until().is_some_and(|u| now_ns() < u.ends()) {
                 return Err(CUDA_ERROR_NOT_READY);
             }
             Ok(())
         }))
     }
     "cuEventSynchronize" @ 2000 => fn cuEventSynchronize(event: Handle) {
-        sync_until(|p| Ok(p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.stamp.unwrap_or(0)))
+        sync_until(|p| Ok(p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.until().unwrap_or(0.into())))
     }
     "cuEventElapsedTime" @ 2000 => fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) {
         elapsed(ms, start, end)
