@@ -19,6 +19,7 @@
 pub mod layout;
 pub mod ledger_lock;
 pub(crate) mod lock;
+mod teardown;
 
 pub use layout::*;
 pub use lock::{LOCK_BASE, LOCK_LIVENESS, LOCK_SLOT, LOCK_TABLE};
@@ -1196,6 +1197,8 @@ impl Region {
             x.priority.store(v1.priority.load(Relaxed), Relaxed);
             x.flags.store(SLOT_FLAG_HOSTPID_UNKNOWN, Relaxed);
             x.registered_ns.store(crate::clock::now_ns(), Relaxed);
+            let own = pid as u32 == std::process::id();
+            x.start_ticks.store(if own { teardown::own_start() } else { 0 }, Relaxed);
             // The id is the index when this handle does not use that id yet (always, unless
             // slots moved in a re-attach).
             let id = if !self.ids[i].load(Relaxed) { i } else { (0..MAX_PROCS).find(|&j| !self.ids[j].load(Relaxed)).unwrap_or(i) };
@@ -1297,7 +1300,8 @@ impl Region {
     /// At exit: the slot disappears for readers at once (`status` 0: HAMi's monitor and our tools
     /// skip it) but keeps its usage counting against the caps until the process is really gone
     /// (the driver frees its memory, the context at least, only at teardown); reapers free it once
-    /// its lifetime lock is released. Lock-free; later writes through this handle change nothing.
+    /// its lifetime lock is released and the process has ended (`teardown`). Lock-free; later
+    /// writes through this handle change nothing.
     pub fn leave(&self, slot: SlotId) {
         let i = self.phys(slot);
         if !self.owned[i].swap(false, Relaxed) {
@@ -1352,6 +1356,10 @@ impl Region {
             }
             let byte = LOCK_SLOT + i as i64;
             if let Ok(true) = lock::try_lock(fd, true, byte) {
+                if self.tearing_down(i) {
+                    lock::unlock(fd, byte);
+                    continue;
+                }
                 self.free_slot(i);
                 lock::unlock(fd, byte);
                 freed += 1;
@@ -1359,6 +1367,13 @@ impl Region {
         }
         self.compact();
         freed
+    }
+
+    /// Whether slot `i`, whose lifetime lock is free, belongs to a process that left it at exit
+    /// and is still being torn down (the driver may still hold its memory).
+    fn tearing_down(&self, i: usize) -> bool {
+        let x = &self.body().slots[i];
+        x.flags.load(Acquire) & SLOT_FLAG_EXITING != 0 && !teardown::ended(self.v1().procs[i].pid.load(Relaxed), x.start_ticks.load(Relaxed))
     }
 
     /// Slots with a live status, in index order.

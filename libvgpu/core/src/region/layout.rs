@@ -120,7 +120,9 @@ pub struct SlotExt {
     _pad: u32,
     /// When the slot was registered (clock::now_ns).
     pub registered_ns: AtomicU64,
-    pub reserved: [AtomicU64; 1],
+    /// The owner's start time, in clock ticks since boot (0: unknown): its exited slot is reaped
+    /// once that process has ended (`teardown`).
+    pub start_ticks: AtomicU64,
 }
 
 pub const SLOT_FLAG_HOSTPID_UNKNOWN: u32 = 1;
