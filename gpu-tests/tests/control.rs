@@ -219,6 +219,31 @@ fn set_mem_limit_below_use_refuses_new_allocations_and_frees_nothing() {
     assert!(out.contains("free_result=CUDA_SUCCESS"), "the holder could not free its allocation:\n{out}");
 }
 
+/// A cap set at run time above the device (`--set-mem-limit 0 100t` on an 8 GiB GPU, no
+/// oversubscription) is the device: NVML shows what `cuMemGetInfo` shows, as for the same value
+/// in the environment (clamped). Hostile review: `nvidia-smi` in the container showed a 100 TiB
+/// GPU with 100 TiB free beside `cuMemGetInfo`'s 8 GiB.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_cap_set_above_the_device_shows_the_device_in_nvml() {
+    let s = Scratch::new("ctl-mem-huge");
+    let meminfo = || {
+        let (st, out) = Bg::spawn(hooked("test_meminfo", &s, Some("2g")), "test_meminfo").outcome(Duration::from_secs(10));
+        assert!(st.success(), "test_meminfo failed: {st}\n{out}");
+        out
+    };
+    let before = meminfo();
+    assert_eq!(num(&before, "nvml_total"), 2 * GIB, "{before}");
+    tool(&s, "shrreg-tool", &["--set-mem-limit", "0", "100t"]);
+    let out = meminfo();
+    let total = num(&out, "meminfo_total");
+    assert_eq!(total, 8 * GIB, "cuMemGetInfo under a 100 TiB cap on an 8 GiB device\n{out}");
+    for k in ["nvml_total", "nvml_v2_total"] {
+        assert_eq!(num(&out, k), total, "{k} under a 100 TiB cap on an 8 GiB device\n{out}");
+    }
+    assert!(num(&out, "nvml_free") <= total, "{out}");
+}
+
 // ---------- (e): usage and utilization in the tools ----------
 
 /// test_runtime_launch (1 ms kernels) under an SM cap of 50% and a 4 GiB memory cap, past its

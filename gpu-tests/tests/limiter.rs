@@ -237,6 +237,35 @@ fn suspend_pauses_and_resume_continues() {
     assert!(last > 0.5 * max, "launches did not resume after --resume:\n{out}");
 }
 
+/// A suspension holds launches until `--resume`, however long (the operator's choice; a
+/// controller killed before its `--resume` leaves it in the file). The program says so at the
+/// default log level, naming the way out, once per suspension rather than per held launch or
+/// thread: a container left suspended must not hang silently (hostile review: not a line before,
+/// the hold was said only at LIBCUDA_LOG_LEVEL=3).
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_suspended_program_says_so_once_per_suspension() {
+    let s = Scratch::new("lim-suspend-line");
+    let a = artifacts();
+    let mut c = mock_command(&a.sample("test_streams"), &s, true);
+    c.args(["--threads", "4", "--us", "1000", "--seconds", "4", "--progress"]);
+    let mut child = spawn(c);
+    let mut err = child.stderr.take().expect("piped stderr");
+    let (head, r) = read_until(&mut child, "progress ");
+    for _ in 0..2 {
+        shrreg(&s, &["--suspend"]);
+        std::thread::sleep(Duration::from_millis(1200));
+        shrreg(&s, &["--resume"]);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let out = finish_reader(child, head, r);
+    let mut err_text = String::new();
+    std::io::Read::read_to_string(&mut err, &mut err_text).unwrap();
+    let said: Vec<&str> = err_text.lines().filter(|l| l.contains("suspended")).collect();
+    assert_eq!(said.len(), 2, "two suspensions of a 4-thread program, lines said:\n{err_text}\n{out}");
+    assert!(said.iter().all(|l| l.contains("--resume")), "the line does not name the way out:\n{err_text}");
+}
+
 fn key_f64(out: &str, k: &str) -> f64 {
     out.split_whitespace()
         .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))

@@ -41,9 +41,17 @@ pub(crate) fn after_fork_child() {
     }
 }
 
+/// This process said that the container is suspended: once per suspension, not per held launch
+/// (cleared by the monitor once it is resumed).
+static SAID_SUSPENDED: AtomicBool = AtomicBool::new(false);
+
 /// Gate launches when any device has a cap or the container is paused (`policy::caps::gate_on`).
 pub(crate) fn refresh_gate(rt: &Runtime, ps: &ProcState) {
-    let paused = ps.region.suspended() || low_priority_paused(rt, ps);
+    let suspended = ps.region.suspended();
+    if !suspended && SAID_SUSPENDED.load(Relaxed) {
+        SAID_SUSPENDED.store(false, Relaxed);
+    }
+    let paused = suspended || low_priority_paused(rt, ps);
     let capped = (0..ps.devices.len()).any(|d| effective_cap(rt, ps, d).is_some());
     GATE.store(policy::gate_on(paused, capped, crate::node::gating()), Release);
 }
@@ -92,8 +100,15 @@ pub(crate) fn wait_while_paused(rt: &Runtime, ps: &ProcState, max_ns: u64) -> u6
         if !suspended && !priority_hold {
             return held.min(max_ns);
         }
-        if !said {
-            vgpu_core::info!("launches held: {}", if suspended { "container suspended" } else { "lower priority" });
+        if suspended {
+            // Held until `--resume`, however long: said at the default level, so a container left
+            // suspended (its controller gone) does not hang silently.
+            if !SAID_SUSPENDED.swap(true, Relaxed) {
+                let path = ps.region.path().map_or_else(String::new, |p| format!(" {}", p.display()));
+                vgpu_core::warn!("launches held: the container is suspended (shrreg-tool --suspend on the shared region{path}); they go on at shrreg-tool --resume");
+            }
+        } else if !said {
+            vgpu_core::info!("launches held: lower priority");
             said = true;
         }
         std::thread::sleep(Duration::from_millis(5));

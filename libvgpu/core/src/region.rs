@@ -1609,11 +1609,14 @@ impl Region {
     }
 
     /// Change the live memory cap (lowering it below current use refuses new allocations; nothing
-    /// is freed).
+    /// is freed). The cap is two words (HAMi's `limit[]` and our flag): written under the table
+    /// lock, as a process's own intent is (`apply_intent`), so two writers cannot leave one's
+    /// value with the other's flag. A holder stuck past the bound does not stop the change.
     pub fn set_limit(&self, dev: usize, limit: Option<u64>) -> Result<(), RegionError> {
         if dev >= MAX_DEVICES {
             return Err(RegionError::BadDevice(dev));
         }
+        let _writers = self.lock_table().ok();
         self.store_limit(dev, limit);
         self.ext_header().limits_epoch.fetch_add(1, AcqRel);
         Ok(())
