@@ -268,6 +268,25 @@ fn an_absent_node_dir_changes_nothing() {
     assert!(!dir.exists(), "the node dir was created");
 }
 
+/// A node directory whose name is not UTF-8 is the one used: the library read the variable as a
+/// string, took such a value for unset and went to the default `/tmp/vgpulock` (another
+/// directory than the one named, or off without a word; hostile review).
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_node_dir_whose_name_is_not_utf8_is_the_one_used() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new("node-bytes");
+    let dir = s.dir.join(std::ffi::OsStr::from_bytes(b"vgpulock-\xff"));
+    std::fs::create_dir(&dir).unwrap();
+    let mut c = hooked("test_runtime_launch", &s, None);
+    c.env("VGPU_NODE_DIR", &dir).env("CUDA_TASK_PRIORITY", "1").args(["--us", "1000", "--seconds", "1"]);
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(files.iter().any(|p| p.extension().is_some_and(|x| x == "node")), "no node file in {dir:?}: {files:?}\n{err}");
+}
+
 /// A tenant that lies (claims priority 0 with work declared a minute ahead) holds a
 /// lower-priority container only while it keeps its heartbeat going; once it stops (frozen,
 /// or gone without its lock being released), the others resume within a second.

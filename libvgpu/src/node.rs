@@ -220,7 +220,8 @@ fn attach(rt: &Runtime, ps: &ProcState) {
     if STATE_PID.swap(my_pid(), AcqRel) == my_pid() {
         return;
     }
-    let dir = node::dir_from(std::env::var(node::DIR_ENV).ok().as_deref());
+    // A path is bytes: a value that is not UTF-8 is that directory, not the default.
+    let dir = node::dir_from(std::env::var_os(node::DIR_ENV).as_deref());
     let container = container_id(ps);
     let now = vgpu_core::clock::now_ns();
     for dev in 0..MAX_DEVICES {

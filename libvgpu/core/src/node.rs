@@ -217,10 +217,11 @@ pub fn file_name(uuid: &str) -> Option<String> {
     ok.then(|| format!("{uuid}.node"))
 }
 
-/// The directory to use: `VGPU_NODE_DIR` (empty = off), else `DEFAULT_DIR`.
-pub fn dir_from(value: Option<&str>) -> Option<PathBuf> {
+/// The directory to use: `VGPU_NODE_DIR` (empty = off; any bytes, a path need not be UTF-8),
+/// else `DEFAULT_DIR`.
+pub fn dir_from(value: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
     match value {
-        Some("") => None,
+        Some(v) if v.is_empty() => None,
         Some(v) => Some(PathBuf::from(v)),
         None => Some(PathBuf::from(DEFAULT_DIR)),
     }

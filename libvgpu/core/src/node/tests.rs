@@ -224,9 +224,12 @@ fn names_and_dirs() {
     for bad in ["", "../x", "a/b", "GPU x", &"a".repeat(97)] {
         assert_eq!(file_name(bad), None, "{bad:?}");
     }
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
     assert_eq!(dir_from(None), Some(PathBuf::from(DEFAULT_DIR)));
-    assert_eq!(dir_from(Some("")), None);
-    assert_eq!(dir_from(Some("/x")), Some(PathBuf::from("/x")));
+    assert_eq!(dir_from(Some(OsStr::new(""))), None);
+    assert_eq!(dir_from(Some(OsStr::new("/x"))), Some(PathBuf::from("/x")));
+    assert_eq!(dir_from(Some(OsStr::from_bytes(b"/x\xff"))), Some(PathBuf::from(OsStr::from_bytes(b"/x\xff"))));
     assert_ne!(container_id(1, 2), container_id(1, 3));
     assert_ne!(container_id(0, 0), 0);
 }
