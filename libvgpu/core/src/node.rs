@@ -9,7 +9,9 @@
 //! **Any tenant can write that file.** Nothing here trusts it beyond what a lie may cost:
 //! * the file is opened without following a symbolic link (`O_NOFOLLOW`, also on the directory),
 //!   used only when it is a regular file of exactly `FILE_SIZE` bytes with our header; anything
-//!   else is refused (the caller logs one line and keeps today's behaviour);
+//!   else is refused (the caller logs one line and keeps today's behaviour), but a shorter one
+//!   with only zeros where the header goes (ours cut short: `: > file`) is sized again; an owner
+//!   whose path names another file (deleted, replaced) re-attaches to the one there;
 //! * it is never mapped: every access is one `pread`/`pwrite`, so truncating it under us cannot
 //!   raise SIGBUS; a short read is a refusal, never a crash;
 //! * an entry is believed only with a valid checksum, a heartbeat at most `STALE_NS` old (and not
