@@ -268,6 +268,58 @@ fn an_absent_node_dir_changes_nothing() {
     assert!(!dir.exists(), "the node dir was created");
 }
 
+/// A node directory whose name is not UTF-8 is the one used: the library read the variable as a
+/// string, took such a value for unset and went to the default `/tmp/vgpulock` (another
+/// directory than the one named, or off without a word; hostile review).
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_node_dir_whose_name_is_not_utf8_is_the_one_used() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new("node-bytes");
+    let dir = s.dir.join(std::ffi::OsStr::from_bytes(b"vgpulock-\xff"));
+    std::fs::create_dir(&dir).unwrap();
+    let mut c = hooked("test_runtime_launch", &s, None);
+    c.env("VGPU_NODE_DIR", &dir).env("CUDA_TASK_PRIORITY", "1").args(["--us", "1000", "--seconds", "1"]);
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(files.iter().any(|p| p.extension().is_some_and(|x| x == "node")), "no node file in {dir:?}: {files:?}\n{err}");
+}
+
+/// The node file deleted (a `/tmp` cleaner, a tenant) or truncated (`: > file`) under a running
+/// process: within about a second the path holds a valid file with the process's live entry
+/// again, without a line. Before, a deleted file left the process on an unlinked one that no
+/// newcomer saw (a silent split of the node's view), and a truncated one was written past its end
+/// by the heartbeat into a size every newcomer refused, for good (hostile review).
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_node_file_deleted_or_truncated_under_a_running_process_is_restored() {
+    use vgpu_core::node::{self, NodeFile, Slot};
+    let s = Scratch::new("node-cut");
+    let mut c = saturating(&s, "lo", 1, 10, &[]);
+    c.args(["--seconds", "8"]);
+    let mut low = Bg::spawn(c, "low priority");
+    low.wait_line("second=1 ", Duration::from_secs(10));
+    let file = node_file(&s);
+    let uuid = file.file_stem().unwrap().to_str().unwrap().to_owned();
+    let restored = || {
+        common::poll(Duration::from_millis(1500), || {
+            let slots = NodeFile::open(&node_dir(&s), &uuid, false).ok()?.read().ok()?;
+            let now = vgpu_core::clock::now_ns();
+            slots.iter().any(|e| matches!(e, Slot::Used(e) if node::live(e, now))).then_some(())
+        })
+    };
+    assert!(restored().is_some(), "no live entry to begin with\n{}", low.text());
+    std::fs::remove_file(&file).unwrap();
+    assert!(restored().is_some(), "deleted: no valid file with a live entry within 1.5 s\n{}", low.text());
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(0).unwrap();
+    assert!(restored().is_some(), "truncated: no valid file with a live entry within 1.5 s ({} bytes)\n{}", std::fs::metadata(&file).map_or(0, |m| m.len()), low.text());
+    let (_, err) = low.finish_both(Duration::from_secs(10));
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("node")).collect();
+    assert!(lines.is_empty(), "lines about the node file: {lines:?}");
+}
+
 /// A tenant that lies (claims priority 0 with work declared a minute ahead) holds a
 /// lower-priority container only while it keeps its heartbeat going; once it stops (frozen,
 /// or gone without its lock being released), the others resume within a second.

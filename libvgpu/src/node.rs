@@ -61,6 +61,10 @@ static TURN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICE
 static OWN_LAUNCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Ticks since the last reap.
 static TICKS: AtomicU64 = AtomicU64::new(0);
+/// Re-attaches to device d's node file after it was deleted or replaced (`reattach`; a forked
+/// child counts again). Each keeps the old file open (the launch path may be reading it).
+static REATTACHES: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+const MAX_REATTACHES: u32 = 8;
 
 /// Shorter hold re-checks are not worth a read: a launch found clear this recently goes.
 const RECHECK_NS: u64 = 20_000;
@@ -220,7 +224,6 @@ fn attach(rt: &Runtime, ps: &ProcState) {
     if STATE_PID.swap(my_pid(), AcqRel) == my_pid() {
         return;
     }
-    let dir = node::dir_from(std::env::var(node::DIR_ENV).ok().as_deref());
     let container = container_id(ps);
     let now = vgpu_core::clock::now_ns();
     for dev in 0..MAX_DEVICES {
@@ -231,27 +234,49 @@ fn attach(rt: &Runtime, ps: &ProcState) {
         SOFT_CEILING[dev].store(0, Relaxed);
         TURN[dev].store(0, Relaxed);
         STATE[dev].store(2, Relaxed);
+        REATTACHES[dev].store(0, Relaxed);
         OWN_LAUNCH[dev].store(0, Relaxed); // a forked child's entry says what the child did
-        let (Some(info), Some(dir)) = (ps.devices.get(dev), dir.as_deref()) else { continue };
-        let file = match NodeFile::open(dir, &info.uuid, true) {
-            Ok(f) => f,
-            Err(NodeError::NoDir) => continue,
-            Err(NodeError::Refused(why)) => {
-                vgpu_core::warn!("{why}");
-                continue;
-            }
-        };
-        let Some(idx) = file.claim(now) else {
-            vgpu_core::warn!("node file {}: no free entry; node-level coordination is off for this GPU", file.path.display());
-            continue;
-        };
-        let entry = Entry { container, priority: rt.config.priority, pid: my_pid(), heartbeat_ns: now, ..Entry::default() };
-        let n = DevNode { file, idx, pid: my_pid(), container, entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
-        n.file.write(idx, &entry);
-        vgpu_core::debug!("node file {}: entry {idx}, container {container:016x}, priority {}", n.file.path.display(), rt.config.priority);
-        NODES[dev].store(Box::into_raw(Box::new(n)), Release);
-        STATE[dev].store(1, Relaxed);
+        attach_dev(rt, ps, dev, container, now);
     }
+}
+
+/// Open and claim our entry in device `dev`'s node file. Every failure but a missing directory
+/// is one warning line.
+fn attach_dev(rt: &Runtime, ps: &ProcState, dev: usize, container: u64, now: u64) {
+    // A path is bytes: a value that is not UTF-8 is that directory, not the default.
+    let dir = node::dir_from(std::env::var_os(node::DIR_ENV).as_deref());
+    let (Some(info), Some(dir)) = (ps.devices.get(dev), dir.as_deref()) else { return };
+    let file = match NodeFile::open(dir, &info.uuid, true) {
+        Ok(f) => f,
+        Err(NodeError::NoDir) => return,
+        Err(NodeError::Refused(why)) => {
+            vgpu_core::warn!("{why}");
+            return;
+        }
+    };
+    let Some(idx) = file.claim(now) else {
+        vgpu_core::warn!("node file {}: no free entry; node-level coordination is off for this GPU", file.path.display());
+        return;
+    };
+    let entry = Entry { container, priority: rt.config.priority, pid: my_pid(), heartbeat_ns: now, ..Entry::default() };
+    let n = DevNode { file, idx, pid: my_pid(), container, entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
+    n.file.write(idx, &entry);
+    vgpu_core::debug!("node file {}: entry {idx}, container {container:016x}, priority {}", n.file.path.display(), rt.config.priority);
+    NODES[dev].store(Box::into_raw(Box::new(n)), Release);
+    STATE[dev].store(1, Relaxed);
+}
+
+/// Our node file's path names another file now (deleted by a `/tmp` cleaner or a tenant, or
+/// replaced): claim an entry in the one there (created when absent), as a newcomer would, without
+/// a line; left on the old one we would see no newcomer, nor they us. At most `MAX_REATTACHES`
+/// times per device (each keeps the old file open), then off for this GPU with one line.
+fn reattach(rt: &Runtime, ps: &ProcState, dev: usize, n: &DevNode, now: u64) {
+    detach(dev);
+    if REATTACHES[dev].fetch_add(1, Relaxed) >= MAX_REATTACHES {
+        vgpu_core::warn!("node file {}: deleted or replaced {MAX_REATTACHES} times; node-level coordination is off for this GPU", n.file.path.display());
+        return;
+    }
+    attach_dev(rt, ps, dev, n.container, now);
 }
 
 /// Monitor tick: heartbeat our entries (cap, soft cap, utilization, latest launch), read the
@@ -267,9 +292,14 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
     for dev in 0..ndev {
         let own_last = node::own_last_launch(OWN_LAUNCH[dev].load(Relaxed), launched, ndev == 1, gated, now);
         gpus.push((own_last, None));
-        let Some(n) = dev_node(dev) else { continue };
+        let Some(mut n) = dev_node(dev) else { continue };
         if n.pid != my_pid() {
             continue;
+        }
+        if reap && n.file.replaced() {
+            reattach(rt, ps, dev, n, now);
+            let Some(again) = dev_node(dev) else { continue };
+            n = again;
         }
         let lim = ps.region.limiter(dev);
         let (cap, soft) = caps(dev);
@@ -280,7 +310,10 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
             e.soft_cap = soft.unwrap_or(0);
             (e.last_launch_ns, e.util_centi) = node::own_activity(e.last_launch_ns, own_last, lim.util_centi_percent.load(Relaxed).min(10_000) as u32, now);
         });
-        let slots = match n.file.read() {
+        // Cut short under us (`: > file`): sized again (`NodeFile::repair`) and our entry
+        // rewritten, as every owner does at its next tick; anything else is refused.
+        let read = n.file.read().or_else(|why| if n.file.repair() { write_entry(n, |_| {}); n.file.read() } else { Err(why) });
+        let slots = match read {
             Ok(s) => s,
             Err(why) => {
                 vgpu_core::warn!("node file {}: {why}; node-level coordination is off for this GPU", n.file.path.display());

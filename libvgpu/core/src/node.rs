@@ -9,7 +9,9 @@
 //! **Any tenant can write that file.** Nothing here trusts it beyond what a lie may cost:
 //! * the file is opened without following a symbolic link (`O_NOFOLLOW`, also on the directory),
 //!   used only when it is a regular file of exactly `FILE_SIZE` bytes with our header; anything
-//!   else is refused (the caller logs one line and keeps today's behaviour);
+//!   else is refused (the caller logs one line and keeps today's behaviour), but a shorter one
+//!   with only zeros where the header goes (ours cut short: `: > file`) is sized again; an owner
+//!   whose path names another file (deleted, replaced) re-attaches to the one there;
 //! * it is never mapped: every access is one `pread`/`pwrite`, so truncating it under us cannot
 //!   raise SIGBUS; a short read is a refusal, never a crash;
 //! * an entry is believed only with a valid checksum, a heartbeat at most `STALE_NS` old (and not
@@ -217,10 +219,11 @@ pub fn file_name(uuid: &str) -> Option<String> {
     ok.then(|| format!("{uuid}.node"))
 }
 
-/// The directory to use: `VGPU_NODE_DIR` (empty = off), else `DEFAULT_DIR`.
-pub fn dir_from(value: Option<&str>) -> Option<PathBuf> {
+/// The directory to use: `VGPU_NODE_DIR` (empty = off; any bytes, a path need not be UTF-8),
+/// else `DEFAULT_DIR`.
+pub fn dir_from(value: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
     match value {
-        Some("") => None,
+        Some(v) if v.is_empty() => None,
         Some(v) => Some(PathBuf::from(v)),
         None => Some(PathBuf::from(DEFAULT_DIR)),
     }
@@ -688,7 +691,6 @@ impl NodeFile {
             unsafe { libc::fchmod(nf.file.as_raw_fd(), 0o666) };
         }
         match meta.len() {
-            0 if write => nf.init()?,
             len if len as usize == FILE_SIZE => {
                 let mut h = [0u8; HEADER_SIZE];
                 nf.file.read_exact_at(&mut h, 0).map_err(|e| refused(&nf.path, e))?;
@@ -698,6 +700,8 @@ impl NodeFile {
                     return Err(refused(&nf.path, "not a libvgpu node file of this version (bad header)"));
                 }
             }
+            // Empty (a creator died before sizing it), or cut short under its owners.
+            len if write && len < FILE_SIZE as u64 && nf.cut_short(len) => nf.init()?,
             0 => return Err(refused(&nf.path, "empty")),
             len => return Err(refused(&nf.path, format!("{len} bytes, expected {FILE_SIZE}"))),
         }
@@ -708,6 +712,31 @@ impl NodeFile {
     fn init(&self) -> Result<(), NodeError> {
         self.file.set_len(FILE_SIZE as u64).map_err(|e| refused(&self.path, e))?;
         self.file.write_all_at(&header(), 0).map_err(|e| refused(&self.path, e))
+    }
+
+    /// Is this file (`len` bytes, fewer than ours) one of ours cut short: only zeros where the
+    /// header goes? (`: > file` under running owners, whose heartbeats then write their entries
+    /// past the end, zeros up to them; or a creator that died before sizing it.)
+    fn cut_short(&self, len: u64) -> bool {
+        let mut h = vec![0u8; (len as usize).min(HEADER_SIZE)];
+        self.file.read_exact_at(&mut h, 0).is_ok() && h.iter().all(|&b| b == 0)
+    }
+
+    /// Size and head again a file cut short under us (`cut_short`; the same bytes as racing
+    /// repairers write, entries written since are kept). `false`: it is not that, or sizing failed.
+    pub fn repair(&self) -> bool {
+        matches!(self.file.metadata(), Ok(m) if m.len() < FILE_SIZE as u64 && self.cut_short(m.len())) && self.init().is_ok()
+    }
+
+    /// Does the path name another file than ours now (deleted, or another moved there)? One
+    /// `lstat`. An owner left on the old file would no longer see newcomers, nor they it.
+    pub fn replaced(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(ours) = self.file.metadata() else { return false };
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) => (m.dev(), m.ino()) != (ours.dev(), ours.ino()),
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        }
     }
 
     /// Every entry, or why the file is no longer usable (truncated, overwritten).

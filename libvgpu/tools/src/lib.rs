@@ -99,7 +99,7 @@ pub struct NodeContainer {
 /// The live containers in the node file of GPU `uuid` (read-only: never created or written;
 /// a missing, foreign or corrupt file shows nothing).
 fn node_view(uuid: &str, own: Option<u64>) -> Vec<NodeContainer> {
-    let Some(dir) = vgpu_core::node::dir_from(std::env::var(vgpu_core::node::DIR_ENV).ok().as_deref()) else { return vec![] };
+    let Some(dir) = vgpu_core::node::dir_from(std::env::var_os(vgpu_core::node::DIR_ENV).as_deref()) else { return vec![] };
     let Ok(file) = vgpu_core::node::NodeFile::open(&dir, uuid, false) else { return vec![] };
     let Ok(slots) = file.read() else { return vec![] };
     let pct = |p: u32| (p > 0 && p < 100).then_some(p);

@@ -224,9 +224,12 @@ fn names_and_dirs() {
     for bad in ["", "../x", "a/b", "GPU x", &"a".repeat(97)] {
         assert_eq!(file_name(bad), None, "{bad:?}");
     }
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
     assert_eq!(dir_from(None), Some(PathBuf::from(DEFAULT_DIR)));
-    assert_eq!(dir_from(Some("")), None);
-    assert_eq!(dir_from(Some("/x")), Some(PathBuf::from("/x")));
+    assert_eq!(dir_from(Some(OsStr::new(""))), None);
+    assert_eq!(dir_from(Some(OsStr::new("/x"))), Some(PathBuf::from("/x")));
+    assert_eq!(dir_from(Some(OsStr::from_bytes(b"/x\xff"))), Some(PathBuf::from(OsStr::from_bytes(b"/x\xff"))));
     assert_ne!(container_id(1, 2), container_id(1, 3));
     assert_ne!(container_id(0, 0), 0);
 }
@@ -288,6 +291,65 @@ fn truncated_under_us_is_an_error_not_a_crash() {
     assert!(f.read().is_err());
     assert!(!f.write(70, &entry(1, 0)));
     assert_eq!(f.claim(T), None);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `: > file` (or `truncate -s 0`) under running owners: their next heartbeat writes past the
+/// end, leaving zeros up to their entry. That left a file of the wrong size which every newcomer
+/// refused until someone deleted it (hostile review): it is ours cut short, sized again.
+#[test]
+fn a_file_truncated_under_its_owners_is_sized_again_not_refused_for_good() {
+    let d = tmpdir("cut");
+    let f = NodeFile::open(&d, UUID, true).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&f.path).unwrap().set_len(0).unwrap();
+    assert!(f.write(5, &entry(9, 1)), "an owner's heartbeat after the truncation");
+    assert_eq!(std::fs::metadata(&f.path).unwrap().len(), (HEADER_SIZE + 6 * ENTRY_SIZE) as u64);
+    assert!(f.read().is_err());
+    assert!(NodeFile::open(&d, UUID, false).is_err(), "a reader (vgpu-smi) changes nothing");
+    let g = NodeFile::open(&d, UUID, true).expect("a newcomer sizes the truncated file again");
+    assert_eq!(g.read().unwrap()[5], Slot::Used(entry(9, 1)), "the owner's entry is kept");
+    assert!(f.read().is_ok());
+    // Cut short with a header that is not all zeros: not known to be ours, refused as before.
+    std::fs::OpenOptions::new().write(true).open(&f.path).unwrap().set_len(100).unwrap();
+    assert!(NodeFile::open(&d, UUID, true).is_err());
+    assert_eq!(std::fs::metadata(&f.path).unwrap().len(), 100);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn an_owner_repairs_a_cut_file_and_sees_a_deleted_or_moved_one() {
+    let d = tmpdir("repair");
+    let f = NodeFile::open(&d, UUID, true).unwrap();
+    assert!(!f.replaced() && !f.repair(), "intact");
+    std::fs::OpenOptions::new().write(true).open(&f.path).unwrap().set_len(0).unwrap();
+    assert!(f.read().is_err());
+    assert!(f.repair());
+    assert_eq!(f.read().unwrap(), vec![Slot::Free; ENTRIES]);
+    std::fs::remove_file(&f.path).unwrap();
+    assert!(f.replaced(), "deleted");
+    std::fs::write(&f.path, vec![0u8; FILE_SIZE]).unwrap();
+    assert!(f.replaced(), "another file in its place");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A FIFO, a directory or a huge sparse file where the node file should be: refused at once
+/// (a FIFO opened without `O_NONBLOCK` for reading would wait for a writer forever).
+#[test]
+fn a_fifo_or_huge_file_in_its_place_is_refused_without_waiting() {
+    let d = tmpdir("fifo");
+    let path = d.join(file_name(UUID).unwrap());
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    for write in [true, false] {
+        assert!(matches!(NodeFile::open(&d, UUID, write), Err(NodeError::Refused(_))), "fifo, write {write}");
+    }
+    std::fs::remove_file(&path).unwrap();
+    std::fs::File::create(&path).unwrap().set_len(10 << 30).unwrap();
+    for write in [true, false] {
+        assert!(matches!(NodeFile::open(&d, UUID, write), Err(NodeError::Refused(_))), "huge, write {write}");
+    }
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 10 << 30);
     let _ = std::fs::remove_dir_all(&d);
 }
 
