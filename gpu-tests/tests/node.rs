@@ -334,7 +334,7 @@ fn a_lying_entry_holds_others_only_while_its_heartbeat_goes_on() {
     let uuid = file.file_stem().unwrap().to_str().unwrap().to_owned();
     let liar = NodeFile::open(&node_dir(&s), &uuid, true).expect("open the node file as a tenant would");
     let now = vgpu_core::clock::now_ns;
-    let idx = liar.claim(now()).expect("a free entry");
+    let idx = liar.claim(now()).unwrap().expect("a free entry");
     let lie = |t: u64| Entry { container: 0x11a8, priority: -7, heartbeat_ns: t, active_until_ns: t + 60_000_000_000, pid: 1, ..Entry::default() };
     let until = Instant::now() + Duration::from_millis(2500);
     while Instant::now() < until {

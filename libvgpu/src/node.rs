@@ -254,9 +254,16 @@ fn attach_dev(rt: &Runtime, ps: &ProcState, dev: usize, container: u64, now: u64
             return;
         }
     };
-    let Some(idx) = file.claim(now) else {
-        vgpu_core::warn!("node file {}: no free entry; node-level coordination is off for this GPU", file.path.display());
-        return;
+    let idx = match file.claim(now) {
+        Ok(Some(idx)) => idx,
+        Ok(None) => {
+            vgpu_core::warn!("node file {}: no free entry; node-level coordination is off for this GPU", file.path.display());
+            return;
+        }
+        Err(why) => {
+            vgpu_core::warn!("node file {}: {why}; node-level coordination is off for this GPU", file.path.display());
+            return;
+        }
     };
     let entry = Entry { container, priority: rt.config.priority, pid: my_pid(), heartbeat_ns: now, ..Entry::default() };
     let n = DevNode { file, idx, pid: my_pid(), container, entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
@@ -405,7 +412,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let file = NodeFile::open(&dir, "GPU-00000000-1111-2222-3333-444444444444", true).unwrap();
-        let idx = file.claim(now).unwrap();
+        let idx = file.claim(now).unwrap().unwrap();
         let entry = Entry { container: 7, priority: 1, pid: my_pid(), heartbeat_ns: now, last_launch_ns: now, ..Entry::default() };
         let n = DevNode { file, idx, pid: my_pid(), container: 7, entry: Mutex::new(entry), declared_ns: AtomicU64::new(0), clear_at_ns: AtomicU64::new(0) };
         n.file.write(idx, &entry);
@@ -440,7 +447,7 @@ mod tests {
         // entry a tenant zeroed.
         let dir = n.file.path.parent().unwrap().to_path_buf();
         let other = NodeFile::open(&dir, "GPU-00000000-1111-2222-3333-444444444444", true).unwrap();
-        let j = other.claim(now).unwrap();
+        let j = other.claim(now).unwrap().unwrap();
         assert_ne!(j, n.idx);
         assert_eq!(n.file.read().unwrap()[j], node::Slot::Free);
         assert!(!may_shorten_on(1, &n, &n.file.read().unwrap(), now));

@@ -759,21 +759,22 @@ impl NodeFile {
     }
 
     /// Take an entry for this process: lock its byte (held until the file is closed), then use it
-    /// if it is free, corrupt or dead. `None` when every entry is taken or the file went bad.
-    pub fn claim(&self, now: u64) -> Option<usize> {
+    /// if it is free, corrupt or dead. `Ok(None)` when every entry is taken; why, where the file
+    /// went bad meanwhile.
+    pub fn claim(&self, now: u64) -> Result<Option<usize>, String> {
         let fd = self.file.as_raw_fd();
         for idx in 0..ENTRIES {
             if !lock::try_lock(fd, true, LOCK_ENTRY + idx as i64).unwrap_or(false) {
                 continue;
             }
-            let slots = self.read().ok()?;
+            let slots = self.read().inspect_err(|_| lock::unlock(fd, LOCK_ENTRY + idx as i64))?;
             if claimable(&slots[idx], now) {
                 self.zero(idx);
-                return Some(idx);
+                return Ok(Some(idx));
             }
             lock::unlock(fd, LOCK_ENTRY + idx as i64);
         }
-        None
+        Ok(None)
     }
 
     /// Does another process hold entry `idx`'s lock byte (a live owner, whatever the entry says)?
