@@ -22,7 +22,8 @@ use crate::sys::sig;
 use crate::runtime::Runtime;
 use std::ffi::c_uint;
 use vgpu_core::policy::devmap::{self, Sources};
-use vgpu_core::policy::meminfo::{nvml_cap, nvml_memory};
+use vgpu_core::config::within_device;
+use vgpu_core::policy::meminfo::nvml_memory;
 use vgpu_core::MAX_DEVICES;
 
 /// Container device index of an NVML handle (`devmap::container_index` decides).
@@ -45,7 +46,7 @@ fn container_index(rt: &Runtime, h: nvmlDevice_t) -> Option<usize> {
 /// (cap, container usage) of container device `dev`; `None` when uncapped.
 fn cap_and_used(rt: &Runtime, dev: usize, phys_total: u64) -> Option<(u64, u64)> {
     match rt.region_for_read() {
-        Some(r) => Some((nvml_cap(r.limit(dev)?, phys_total, rt.config.oversubscribe), crate::runtime::container_used(r, dev))),
+        Some(r) => Some((within_device(r.limit(dev)?, phys_total, rt.config.oversubscribe), crate::runtime::container_used(r, dev))),
         None => Some((rt.config.mem_limit(dev, phys_total)?, 0)),
     }
 }

@@ -385,11 +385,7 @@ impl Config {
             MemLimit::Blocked => return Some(0),
             MemLimit::Spec(s) => s.resolve(physical),
         };
-        if !self.oversubscribe && physical > 0 {
-            Some(limit.min(physical))
-        } else {
-            Some(limit)
-        }
+        Some(within_device(limit, physical, self.oversubscribe))
     }
 
     /// SM cap in percent (1..=99), `None` = no cap (0, 100, unset, or policy `disable`).
@@ -417,6 +413,17 @@ impl Config {
     /// Context reserve in bytes for a device of `physical` bytes.
     pub fn context_reserve(&self, physical: u64) -> u64 {
         self.context_reserve.resolve(physical)
+    }
+}
+
+/// A memory cap as a device of `physical` bytes (0 = unknown) holds it: never above the device
+/// unless the process oversubscribes. For the environment's caps and for those set at run time
+/// (`shrreg-tool --set-mem-limit`), which NVML shows.
+pub fn within_device(limit: u64, physical: u64, oversubscribe: bool) -> u64 {
+    if oversubscribe || physical == 0 {
+        limit
+    } else {
+        limit.min(physical)
     }
 }
 
@@ -453,6 +460,14 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn nvml_shows_no_more_than_the_device_unless_oversubscribed() {
+        assert_eq!(within_device(100 * GIB, 8 * GIB, false), 8 * GIB);
+        assert_eq!(within_device(100 * GIB, 8 * GIB, true), 100 * GIB);
+        assert_eq!(within_device(4 * GIB, 8 * GIB, false), 4 * GIB);
+        assert_eq!(within_device(100 * GIB, 0, false), 100 * GIB, "the device's size unknown");
+    }
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
         let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

@@ -30,17 +30,6 @@ pub struct NvmlMemory {
     pub reserved: u64,
 }
 
-/// The cap NVML shows of a device of `physical` bytes (0 = unknown): the cap, never above the
-/// device unless the process oversubscribes, as `Config::mem_limit` clamps the environment's (a
-/// cap set at run time, `shrreg-tool --set-mem-limit`, is not).
-pub fn nvml_cap(cap: u64, physical: u64, oversubscribe: bool) -> u64 {
-    if oversubscribe || physical == 0 {
-        cap
-    } else {
-        cap.min(physical)
-    }
-}
-
 /// NVML's view: total = the cap (the cap as set: NVML readers compare it with the limit they
 /// configured), used = the container's usage, free = the rest.
 pub fn nvml_memory(cap: u64, used: u64) -> NvmlMemory {
@@ -65,14 +54,6 @@ mod tests {
         assert_eq!(virtual_info(70 * GIB, 80 * GIB, 100 * GIB, 0), (70 * GIB, 80 * GIB));
         assert_eq!(virtual_total(80 * GIB, 4 * GIB), 4 * GIB);
         assert_eq!(virtual_total(80 * GIB, 100 * GIB), 80 * GIB);
-    }
-
-    #[test]
-    fn nvml_shows_no_more_than_the_device_unless_oversubscribed() {
-        assert_eq!(nvml_cap(100 * GIB, 8 * GIB, false), 8 * GIB);
-        assert_eq!(nvml_cap(100 * GIB, 8 * GIB, true), 100 * GIB);
-        assert_eq!(nvml_cap(4 * GIB, 8 * GIB, false), 4 * GIB);
-        assert_eq!(nvml_cap(100 * GIB, 0, false), 100 * GIB, "the device's size unknown");
     }
 
     #[test]

@@ -63,18 +63,7 @@ pub fn pid_alive(pid: u32) -> bool {
     let pid = pid as libc::pid_t;
     // SAFETY: signal 0 only checks that the process exists and may be signalled.
     let found = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    found && !zombie(pid)
-}
-
-/// The whole process exited and waits to be reaped: its leader's state is `Z` and no other thread
-/// is left. A leader is `Z` too while its other threads still run (it called pthread_exit) or
-/// still tear down (a SIGKILL reaches every thread; the descriptors close with the last one), and
-/// then the process may still hold what it held.
-fn zombie(pid: libc::pid_t) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state follows the command name, which is in parentheses and may itself hold any byte.
-    let leader_z = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next()) == Some('Z');
-    leader_z && std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() == 1)
+    found && !super::teardown::zombie(pid)
 }
 
 /// One attempt: take a free word, or one whose holder `alive` says is gone.

@@ -2,12 +2,12 @@
 //! and its lifetime lock drops when the kernel closes the region's descriptor, which can come
 //! before it closes the driver's, where the driver frees the process's device memory: reaping the
 //! slot then let a sibling take memory the device still held (CI, 16 processes exiting under
-//! load: 2 MiB over a 2 GiB cap). A zombie, or a process gone, has closed every descriptor, so an
-//! exited slot is reaped only then. The start time recorded at registration tells the owner from
+//! load: 2 MiB over a 2 GiB cap). A zombie (`zombie`: every thread ended), or a process gone, has
+//! closed every descriptor, so an exited slot is reaped only then. The start time recorded at registration tells the owner from
 //! a later process with its pid (pid reuse, a restarted container, another pid namespace).
 
-/// Start time of process `pid` in clock ticks since boot, and whether it has ended (a zombie):
-/// `None` where there is no such process or its stat cannot be read.
+/// Start time of process `pid` in clock ticks since boot, and whether its leader thread has ended
+/// (`Z`): `None` where there is no such process or its stat cannot be read.
 fn stat(pid: i32) -> Option<(u64, bool)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&text)
@@ -35,7 +35,19 @@ pub fn ended(pid: i32, start: u64) -> bool {
     if start == 0 || pid <= 0 {
         return true;
     }
-    stat(pid).is_none_or(|(now, zombie)| now != start || zombie)
+    stat(pid).is_none_or(|(now, leader_z)| now != start || (leader_z && one_thread_left(pid)))
+}
+
+/// The whole process exited and waits to be reaped: its leader's state is `Z` and no other thread
+/// is left. A leader is `Z` too while its other threads still run (it called pthread_exit) or
+/// still tear down (a SIGKILL reaches every thread; the descriptors close with the last one), and
+/// then the process may still hold what it held.
+pub(crate) fn zombie(pid: i32) -> bool {
+    stat(pid).is_some_and(|(_, leader_z)| leader_z) && one_thread_left(pid)
+}
+
+fn one_thread_left(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() == 1)
 }
 
 #[cfg(test)]
