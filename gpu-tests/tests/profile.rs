@@ -63,3 +63,36 @@ fn disabled_control_is_a_pass_through() {
     );
     assert_eq!(key(&native, "meminfo_total"), key(&disabled, "meminfo_total"), "{native}\n---\n{disabled}");
 }
+
+/// A cap set at run time above the device (`shrreg-tool --set-mem-limit 0 100t`, no
+/// oversubscription) shows the device in NVML, as the same value in the environment would; one
+/// set below it shows the cap. On a real GPU NVML's total is not cuMemGetInfo's, so the device
+/// is what NVML says without the hook.
+#[test]
+fn a_cap_set_at_run_time_shows_in_nvml_within_the_device() {
+    let s = Scratch::new("profile-runtime-cap");
+    let meminfo = |hooked: bool| {
+        let mut c = mock_command(&artifacts().sample("test_meminfo"), &s, hooked);
+        c.env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+        run_ok(&mut c)
+    };
+    let set = |v: &str| {
+        let mut c = mock_command(&artifacts().tool("shrreg-tool"), &s, false);
+        run_ok(c.args(["--set-mem-limit", "0", v]))
+    };
+    let native = meminfo(false);
+    let Some(device) = key(&native, "nvml_total") else {
+        eprintln!("SKIP a_cap_set_at_run_time_shows_in_nvml_within_the_device: NVML does not load here\n{native}");
+        return;
+    };
+    assert_eq!(key(&meminfo(true), "nvml_total"), Some(CAP), "the environment's 1 GiB cap");
+    set("100t");
+    let out = meminfo(true);
+    for k in ["nvml_total", "nvml_v2_total"] {
+        assert_eq!(key(&out, k), key(&native, k), "{k} under a 100 TiB cap set at run time\n{out}\n---native\n{native}");
+    }
+    assert!(key(&out, "nvml_free").expect("nvml_free") <= device, "{out}");
+    set("2g");
+    let out = meminfo(true);
+    assert_eq!(key(&out, "nvml_total"), Some(2 * CAP), "a 2 GiB cap set at run time\n{out}");
+}
