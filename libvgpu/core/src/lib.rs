@@ -11,6 +11,7 @@ pub mod log;
 pub mod node;
 pub mod policy;
 pub mod region;
+pub mod regular;
 pub mod rm;
 pub mod size;
 

@@ -35,6 +35,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::region::lock;
+use crate::regular::OpenError;
 
 /// Where HAMi mounts the node-wide directory.
 pub const DEFAULT_DIR: &str = "/tmp/vgpulock";
@@ -648,42 +649,15 @@ impl NodeFile {
         // SAFETY: dfd is ours.
         let _dir = unsafe { File::from_raw_fd(dfd) };
         let n = cstr(name.as_bytes());
-        let base = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | if write { libc::O_RDWR } else { libc::O_RDONLY };
-        let mut created = false;
-        let mut fd = -1;
-        for _ in 0..4 {
-            // SAFETY: valid descriptor and C string.
-            fd = unsafe { libc::openat(dfd, n.as_ptr(), base) };
-            if fd >= 0 {
-                break;
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::ENOENT) if write => {
-                    // SAFETY: as above.
-                    fd = unsafe { libc::openat(dfd, n.as_ptr(), base | libc::O_CREAT | libc::O_EXCL, 0o666 as libc::c_uint) };
-                    if fd >= 0 {
-                        created = true;
-                        break;
-                    }
-                    if io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
-                        return Err(refused(&path, format!("cannot create it ({})", io::Error::last_os_error())));
-                    }
-                }
-                Some(libc::ENOENT) => return Err(NodeError::NoDir),
-                Some(libc::ELOOP) => return Err(refused(&path, "is a symbolic link; not following it")),
-                _ => return Err(refused(&path, e)),
-            }
-        }
-        if fd < 0 {
-            return Err(refused(&path, "keeps appearing and disappearing"));
-        }
-        // SAFETY: fd is ours.
-        let file = unsafe { File::from_raw_fd(fd) };
+        let access = if write { libc::O_RDWR } else { libc::O_RDONLY };
+        let (file, created) = crate::regular::open(Some(dfd), &n, access, write, 0o666).map_err(|e| match e {
+            OpenError::Io(e) if e.raw_os_error() == Some(libc::ENOENT) && !write => NodeError::NoDir,
+            OpenError::Io(e) => refused(&path, e),
+            OpenError::Symlink => refused(&path, "is a symbolic link; not following it"),
+            OpenError::NotRegular => refused(&path, "not a regular file"),
+            OpenError::Unsteady => refused(&path, "keeps appearing and disappearing"),
+        })?;
         let meta = file.metadata().map_err(|e| refused(&path, e))?;
-        if !meta.file_type().is_file() {
-            return Err(refused(&path, "not a regular file"));
-        }
         let nf = NodeFile { file, path };
         if created {
             // Every tenant writes this file (HAMi runs containers under any uid).

@@ -28,10 +28,11 @@ use crate::config::Config;
 use crate::limiter::SharedDeviceState;
 use crate::{MAX_DEVICES, MAX_PROCS};
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use crate::regular;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use memmap2::{MmapOptions, MmapRaw};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
@@ -372,27 +373,22 @@ fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Open the region file without following a symbolic link; create it (exclusively) when absent.
-/// Returns the file and whether we created it.
+/// Open the region file for reading and writing, only if it is a regular file (never following
+/// a symbolic link, never opening a FIFO or device in its place); create it (exclusively) when
+/// absent and `create` is set. Returns the file and whether we created it.
 fn open_file(path: &Path, create: bool) -> Result<(File, bool), RegionError> {
-    let flags = libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-    for _ in 0..4 {
-        match OpenOptions::new().read(true).write(true).custom_flags(flags).open(path) {
-            Ok(f) => return Ok((f, false)),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(invalid(path, "is a symbolic link; not following it"));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-                match OpenOptions::new().read(true).write(true).create_new(true).mode(0o666).custom_flags(flags).open(path) {
-                    Ok(f) => return Ok((f, true)),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(io_err(path, "create", e)),
-                }
-            }
-            Err(e) => return Err(io_err(path, "open", e)),
-        }
-    }
-    Err(invalid(path, "keeps appearing and disappearing"))
+    open_regular(path, libc::O_RDWR, create)
+}
+
+fn open_regular(path: &Path, access: libc::c_int, create: bool) -> Result<(File, bool), RegionError> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| invalid(path, "has a NUL byte in its name"))?;
+    regular::open(None, &name, access, create, 0o666).map_err(|e| match e {
+        regular::OpenError::Symlink => invalid(path, "is a symbolic link; not following it"),
+        regular::OpenError::NotRegular => invalid(path, "not a regular file"),
+        regular::OpenError::Unsteady => invalid(path, "keeps appearing and disappearing"),
+        regular::OpenError::Io(e) => io_err(path, if create { "create" } else { "open" }, e),
+    })
 }
 
 /// A region file must be a regular file owned by us or by root (or created by us).
@@ -580,11 +576,7 @@ impl Region {
     pub fn snapshot(path: impl AsRef<Path>) -> Result<Region, RegionError> {
         use std::os::unix::fs::FileExt;
         let path = path.as_ref();
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| if e.raw_os_error() == Some(libc::ELOOP) { invalid(path, "is a symbolic link; not following it") } else { io_err(path, "open", e) })?;
+        let (file, _) = open_regular(path, libc::O_RDONLY, false)?;
         let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
         if !meta.file_type().is_file() {
             return Err(invalid(path, "not a regular file"));

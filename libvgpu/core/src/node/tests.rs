@@ -569,3 +569,17 @@ fn a_process_s_own_launch_is_dated_on_the_gpu_it_went_to() {
     assert_eq!(own_last_launch(now - 5 * MS, true, true, true, now), now);
     assert_eq!(own_last_launch(0, false, true, false, now), 0);
 }
+
+/// A FIFO where the node file should be is refused without being opened (its open would wake a
+/// writer blocked on it; a device's open can act).
+#[test]
+fn a_fifo_in_its_place_is_never_opened() {
+    let d = tmpdir("fifo-open");
+    let w = crate::regular::testing::BlockedWriter::at(&d.join(file_name(UUID).unwrap()));
+    for write in [true, false] {
+        assert!(matches!(NodeFile::open(&d, UUID, write), Err(NodeError::Refused(_))), "fifo, write {write}");
+    }
+    assert!(w.still_blocked(), "the FIFO at the node file's path was opened");
+    drop(w);
+    let _ = std::fs::remove_dir_all(&d);
+}

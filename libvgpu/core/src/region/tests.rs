@@ -4,6 +4,7 @@
 use super::*;
 use proptest::prelude::*;
 use std::io::{BufRead, BufReader, Write};
+use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicUsize;
@@ -1302,4 +1303,18 @@ fn an_error_names_its_path_where_it_says_it_does() {
     for e in all {
         assert_eq!(e.to_string().contains("/x/region.cache"), e.names_path(), "{e}");
     }
+}
+
+/// A FIFO (or a device) where the region file should be is refused without being opened: a
+/// FIFO's open wakes a writer blocked on it, and some devices act on open.
+#[test]
+fn a_fifo_in_the_regions_place_is_never_opened() {
+    let p = TempPath::new("fifo");
+    let w = crate::regular::testing::BlockedWriter::at(&p.0);
+    let e = Region::open(&p.0, &init_with(Some(GIB), None)).err().expect("opened a FIFO as a region");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(Region::create_new(&p.0, &init_with(None, None)).is_err());
+    assert!(Region::open_existing(&p.0).is_err());
+    assert!(Region::snapshot(&p.0).is_err());
+    assert!(w.still_blocked(), "the FIFO at the region's path was opened");
 }
