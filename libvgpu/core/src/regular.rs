@@ -30,6 +30,12 @@ pub enum OpenError {
 /// `mode` (before the umask) when absent and `create` is set. Returns the file and whether it
 /// was created.
 pub fn open(dir: Option<RawFd>, name: &CStr, access: libc::c_int, create: bool, mode: libc::mode_t) -> Result<(File, bool), OpenError> {
+    open_via("/proc/self/fd", dir, name, access, create, mode)
+}
+
+/// [`open`], reopening through `fd_dir`'s magic links (a directory that is not there stands for
+/// a machine without `/proc`).
+fn open_via(fd_dir: &str, dir: Option<RawFd>, name: &CStr, access: libc::c_int, create: bool, mode: libc::mode_t) -> Result<(File, bool), OpenError> {
     let at = dir.unwrap_or(libc::AT_FDCWD);
     let flags = access | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
     for _ in 0..4 {
@@ -63,7 +69,7 @@ pub fn open(dir: Option<RawFd>, name: &CStr, access: libc::c_int, create: bool, 
         if !meta.file_type().is_file() {
             return Err(OpenError::NotRegular);
         }
-        let via_proc = CString::new(format!("/proc/self/fd/{}", probe.as_raw_fd())).expect("no NUL");
+        let via_proc = CString::new(format!("{fd_dir}/{}", probe.as_raw_fd())).expect("no NUL");
         // SAFETY: valid C string.
         let fd = match unsafe { libc::open(via_proc.as_ptr(), flags) } {
             fd if fd >= 0 => fd,
@@ -196,6 +202,20 @@ mod tests {
         assert!(matches!(open(None, &c(&l), libc::O_RDWR, true, 0o600), Err(OpenError::Symlink)), "dangling");
         assert!(!p.exists(), "created through a dangling link");
         let _ = std::fs::remove_file(&l);
+    }
+
+    #[test]
+    fn without_proc_the_file_is_opened_by_name_and_a_fifo_still_is_not() {
+        let p = tmp("noproc");
+        let _ = std::fs::remove_file(&p);
+        std::fs::write(&p, b"y").unwrap();
+        let (f, created) = open_via("/nonexistent-proc/self/fd", None, &c(&p), libc::O_RDWR, true, 0o600).unwrap();
+        assert!(!created);
+        assert_eq!(f.metadata().unwrap().ino(), std::fs::metadata(&p).unwrap().ino());
+        std::fs::remove_file(&p).unwrap();
+        let w = BlockedWriter::at(&p);
+        assert!(matches!(open_via("/nonexistent-proc/self/fd", None, &c(&p), libc::O_RDWR, true, 0o600), Err(OpenError::NotRegular)));
+        assert!(w.still_blocked(), "the FIFO was opened");
     }
 
     #[test]
