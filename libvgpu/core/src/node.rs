@@ -679,12 +679,20 @@ impl NodeFile {
             0 => return Err(refused(&nf.path, "empty")),
             len => return Err(refused(&nf.path, format!("{len} bytes, expected {FILE_SIZE}"))),
         }
+        if write {
+            nf.allocate()?; // made sparse elsewhere: our entry's write must not meet a full disk
+        }
         Ok(nf)
+    }
+
+    /// Real blocks for the whole file (sized too), so writing an entry cannot fail on a full disk.
+    fn allocate(&self) -> Result<(), NodeError> {
+        crate::regular::allocate(&self.file, FILE_SIZE as u64).map_err(|e| refused(&self.path, format!("cannot allocate its blocks ({e})")))
     }
 
     /// Size the file and write the header (idempotent: racing initializers write the same bytes).
     fn init(&self) -> Result<(), NodeError> {
-        self.file.set_len(FILE_SIZE as u64).map_err(|e| refused(&self.path, e))?;
+        self.allocate()?;
         self.file.write_all_at(&header(), 0).map_err(|e| refused(&self.path, e))
     }
 

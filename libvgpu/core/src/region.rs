@@ -321,16 +321,6 @@ fn map_region(file: Option<&File>) -> io::Result<MmapRaw> {
     }
 }
 
-/// Allocate the region's blocks for real, so a full filesystem is an error now instead of a
-/// SIGBUS at the first touch of a sparse page.
-fn allocate(path: &Path, fd: RawFd) -> Result<(), RegionError> {
-    // SAFETY: valid fd; posix_fallocate never shrinks a file or changes bytes already there.
-    match unsafe { libc::posix_fallocate(fd, 0, TOTAL_SIZE as libc::off_t) } {
-        0 => Ok(()),
-        e => Err(io_err(path, "posix_fallocate", io::Error::from_raw_os_error(e))),
-    }
-}
-
 /// Why a file is not a valid region of ours, read without mapping (short files cannot be mapped).
 fn check_file(file: &File, size: u64) -> Result<(), String> {
     use std::os::unix::fs::FileExt;
@@ -710,7 +700,8 @@ impl Region {
             if fresh {
                 file.set_len(0).map_err(|e| io_err(path, "truncate", e))?;
             }
-            allocate(path, fd)?;
+            // Real blocks: a full filesystem is an error now, not a SIGBUS at a hole's first touch.
+            regular::allocate(file, TOTAL_SIZE as u64).map_err(|e| io_err(path, "posix_fallocate", e))?;
             if fresh {
                 // Other users of the container may run as another uid (the file is ours).
                 let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));

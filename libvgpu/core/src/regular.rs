@@ -99,6 +99,17 @@ fn open_via(fd_dir: &str, dir: Option<RawFd>, name: &CStr, access: libc::c_int, 
     Err(OpenError::Unsteady)
 }
 
+/// Give `file` real blocks for its first `len` bytes (growing it to `len` if shorter), so a
+/// full filesystem is an error now rather than at a later write (`ENOSPC`) or at the first
+/// touch of a mapped hole (`SIGBUS`). Bytes already there are never changed.
+pub fn allocate(file: &File, len: u64) -> io::Result<()> {
+    // SAFETY: valid descriptor; posix_fallocate never shrinks a file or changes its bytes.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// A FIFO with a writer blocked opening it, to show that a path was never opened: any open of
 /// the FIFO, for reading or writing, lets the writer through.
 #[cfg(test)]

@@ -583,3 +583,26 @@ fn a_fifo_in_its_place_is_never_opened() {
     drop(w);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A node file opened for writing has all its blocks, so writing an entry cannot meet a full
+/// disk later (hostile round 3: a sparse file's entry write failed with ENOSPC, unsaid): a new
+/// file, and a sparse one of the right size and header made elsewhere.
+#[test]
+fn a_file_opened_for_writing_holds_every_block() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tmpdir("blocks");
+    let path = d.join(file_name(UUID).unwrap());
+    let allocated = || std::fs::metadata(&path).unwrap().blocks() * 512 >= FILE_SIZE as u64;
+    drop(NodeFile::open(&d, UUID, true).unwrap());
+    assert!(allocated(), "a new file is sparse");
+    std::fs::remove_file(&path).unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(FILE_SIZE as u64).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &header(), 0).unwrap();
+    assert!(!allocated(), "the filesystem allocated a sparse file's holes: the test shows nothing here");
+    drop(NodeFile::open(&d, UUID, false).unwrap());
+    assert!(!allocated(), "a reader changed the file");
+    drop(NodeFile::open(&d, UUID, true).unwrap());
+    assert!(allocated(), "a sparse file was left sparse by a writer");
+    let _ = std::fs::remove_dir_all(&d);
+}
