@@ -309,12 +309,8 @@ unsafe fn stream_query(stream: Handle) -> CUresult {
 }
 
 /// A real query reads a completion word without holding any lock of the process; ours takes the
-/// mock's process lock. A thread busy-polling a stream's "not ready" would hold it nearly all the
-/// time and starve the process's other threads (not what a GPU program sees): give way after each
-/// miss. Event queries do not: libvgpu's meter asks its events once per look, never in a tight
-/// loop, and a yield on a machine whose cores are all busy costs a scheduler slice. With it, the
-/// meter's queries took half of a starved process's time and its cap-30 share fell to 0.18-0.23,
-/// where an H200 held 29.8% (bench/starve.sh).
+/// mock's process lock. A thread busy-polling "not ready" would hold it nearly all the time and
+/// starve the process's other threads (not what a GPU program sees): give way after each miss.
 fn not_ready_pause(r: CUresult) -> CUresult {
     if r == CUDA_ERROR_NOT_READY {
         std::thread::yield_now();
@@ -1155,13 +1151,13 @@ driver_exports! {
         event_record(event, stream)
     }
     "cuEventQuery" @ 2000 => fn cuEventQuery(event: Handle) {
-        run(|p, _| {
+        not_ready_pause(run(|p, _| {
             let e = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             if e.until().is_some_and(|u| now_ns() < u.ends()) {
                 return Err(CUDA_ERROR_NOT_READY);
             }
             Ok(())
-        })
+        }))
     }
     "cuEventSynchronize" @ 2000 => fn cuEventSynchronize(event: Handle) {
         sync_until(|p| Ok(p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.until().unwrap_or(0.into())))
