@@ -538,10 +538,7 @@ impl Region {
     pub fn open_existing(path: impl AsRef<Path>) -> Result<Region, RegionError> {
         let path = path.as_ref();
         let (file, _) = open_file(path, false)?;
-        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
-        if !meta.file_type().is_file() {
-            return Err(invalid(path, "not a regular file"));
-        }
+        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?; // a regular file (`open_regular`)
         // A creator initializes under the table lock: wait (bounded) so we do not read it half
         // written; a holder stuck past the bound does not stop a tool from reading.
         let fd = file.as_raw_fd();
@@ -567,10 +564,7 @@ impl Region {
         use std::os::unix::fs::FileExt;
         let path = path.as_ref();
         let (file, _) = open_regular(path, libc::O_RDONLY, false)?;
-        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
-        if !meta.file_type().is_file() {
-            return Err(invalid(path, "not a regular file"));
-        }
+        let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?; // a regular file (`open_regular`)
         check_file(&file, meta.len()).map_err(|reason| invalid(path, reason))?;
         let mut copy = MmapOptions::new().len(TOTAL_SIZE).map_anon().map_err(|e| io_err(path, "mmap", e))?;
         file.read_exact_at(&mut copy[..], 0).map_err(|e| io_err(path, "read", e))?;
