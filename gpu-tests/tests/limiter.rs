@@ -351,11 +351,11 @@ fn memsets_and_copies_count_against_the_cap() {
 
 /// A container starved of CPU keeps its cap: busy loops on every core beside a capped memset
 /// loop. On an H200 a process pinned to one core beside two busy loops read 29.8% by NVML under a
-/// cap of 30 (bench/starve.sh); the mock gives 0.18-0.23 of the uncapped rate: its event queries
-/// give way after every miss, and a yield on a saturated machine costs a scheduler slice.
+/// cap of 30 (bench/starve.sh). The mock gave 0.18-0.23 of the uncapped rate while its event queries
+/// yielded after every miss (a yield on a saturated machine costs a scheduler slice); they now
+/// yield only to a thread waiting for the mock's lock.
 #[test]
 #[serial(mock_gpu_timing)]
-#[ignore = "KNOWN FAILURE on the mock: 0.18-0.23 under a 30% cap with every core busy (the mock's event queries yield after a miss; an H200 held 29.8%); the fix (43d6781) was reverted after two CI runs failed the_cap_holds_when_the_gpu_timer_runs_slow; run with --ignored"]
 fn a_process_starved_of_cpu_keeps_its_cap() {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     use std::sync::Arc;

@@ -5,7 +5,7 @@ use crate::ffi::*;
 use mock_gpu::{now_ns, GpuState, MAX_DEVICES};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 pub type R<T> = Result<T, CUresult>;
@@ -229,6 +229,7 @@ extern "C" fn register_atfork() {
 /// touched again) and the forking thread's context stack, whose handles belong to the parent.
 extern "C" fn after_fork_child() {
     PROC.store(std::ptr::null_mut(), SeqCst);
+    WAITING.store(0, SeqCst);
     let _ = STACK.try_with(|s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             s.clear();
@@ -238,6 +239,30 @@ extern "C" fn after_fork_child() {
 
 fn proc_lock() -> &'static Mutex<Option<Proc>> {
     mock_gpu::lazy_leak(&PROC, || Mutex::new(None))
+}
+
+/// Threads blocked on the process lock right now. A real query reads a completion word and takes
+/// no lock; ours does, so a thread polling in a tight loop must give way, but only to a thread
+/// that is waiting (see `exports::not_ready_pause`).
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether another thread is blocked on the process lock.
+pub fn others_waiting() -> bool {
+    WAITING.load(Relaxed) > 0
+}
+
+fn lock_proc() -> std::sync::MutexGuard<'static, Option<Proc>> {
+    let m = proc_lock();
+    match m.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            WAITING.fetch_add(1, Relaxed);
+            let g = m.lock().unwrap_or_else(|e| e.into_inner());
+            WAITING.fetch_sub(1, Relaxed);
+            g
+        }
+    }
 }
 
 thread_local! {
@@ -251,7 +276,7 @@ pub fn current_handle() -> Option<u64> {
 
 /// Run `f` on the process state (fresh after a fork, like a driver that cannot survive one).
 pub fn with<T>(f: impl FnOnce(&mut Proc) -> T) -> T {
-    let mut g = proc_lock().lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock_proc();
     let gen = mock_gpu::fork_generation();
     if g.as_ref().is_none_or(|p| p.gen != gen) {
         *g = Some(Proc { gen, next_reserve: 0x6000_0000_0000, ..Default::default() });
