@@ -459,6 +459,37 @@ fn drift_case(ppm: &str) -> (f64, f64, String) {
     (got, u0.min(20.0), format!("uncapped {u0:.1}%\n{out}\nuncapped:\n{base}"))
 }
 
+/// GPU ms launched per second from second 3 on (as NVML is read), from `--progress` lines.
+fn steady_rate(out: &str) -> f64 {
+    let points: Vec<(f64, f64)> =
+        out.lines().filter(|l| l.starts_with("progress ")).map(|l| (key_f64(l, "t"), key_f64(l, "n"))).collect();
+    let Some(&(t0, _)) = points.first() else { panic!("no progress lines\n{out}") };
+    let steady: Vec<_> = points.iter().filter(|p| p.0 >= t0 + 3.0).collect();
+    let (a, b) = (steady.first().expect("3 s of progress"), steady.last().expect("3 s of progress"));
+    (b.1 - a.1) / (b.0 - a.0)
+}
+
+/// Short kernels paced by the host, never synchronized: 10 us of GPU then 40 us of CPU (uncapped
+/// about 20% busy), and 40 us then 60 us (about 53%). Timing events spaced 100 us apart spanned
+/// the host's gaps between the kernels they covered: the meter measured 41% for NVML's 9% under
+/// a cap of 30, and the first program, under its cap, ran at 0.43 of its speed; the second read
+/// 24% by NVML at 0.45 of its speed.
+#[test]
+#[serial(mock_gpu_timing)]
+fn host_paced_short_kernels_are_charged_their_gpu_time() {
+    for (us, gap) in [("20", "50"), ("40", "60")] {
+        let args = ["--us", us, "--gap-us", gap, "--sync-every", "0", "--progress"];
+        let (u0, base) = nvml_mean_under(&args, &[]);
+        let (got, out) = nvml_mean_under(&args, &[("CUDA_DEVICE_SM_LIMIT", "30")]);
+        let share = steady_rate(&out) / steady_rate(&base);
+        let (want_util, want_share) = (u0.min(30.0), (30.0 / u0).min(1.0));
+        assert!(
+            (got - want_util).abs() <= 3.0 && (share / want_share - 1.0).abs() <= 0.05,
+            "{us} us kernels, {gap} us apart: NVML {got:.1}% (want {want_util:.1}), {share:.3} of the uncapped speed (want {want_share:.3}) under a 30% cap\n{out}\nuncapped:\n{base}"
+        );
+    }
+}
+
 #[test]
 #[serial(mock_gpu_timing)]
 fn the_cap_holds_when_the_gpu_timer_runs_slow() {

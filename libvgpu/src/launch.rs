@@ -315,6 +315,10 @@ impl EventClocks {
 impl Events for EventClocks {
     type Ev = Ev;
 
+    fn recorded_ns(&self, e: Ev) -> Option<u64> {
+        Some(e.recorded_ns)
+    }
+
     fn poll(&mut self, e: Ev) -> EventState {
         self.relax();
         let Some(c) = self.ctxs.get_mut(e.ctx) else { return EventState::Lost };

@@ -38,6 +38,10 @@ pub enum EventState {
 pub trait Events {
     type Ev: Copy;
     fn poll(&mut self, ev: Self::Ev) -> EventState;
+    /// When the host began recording `ev` (`clock::now_ns` time base), where known.
+    fn recorded_ns(&self, _ev: Self::Ev) -> Option<u64> {
+        None
+    }
     /// The meter no longer needs the event (it may be recycled).
     fn release(&mut self, ev: Self::Ev);
 }
@@ -109,6 +113,19 @@ pub const IDLE_START_SPACING_NS: u64 = 5_000_000;
 /// record every sixth launch and a query for it: an H100 ran an empty kernel and synchronize
 /// 1.064 times as long as the driver alone under a cap of 75, 1.043 at this spacing.
 pub const SYNCED_EVENT_SPACING_NS: u64 = 1_000_000;
+/// End events on a stream the host paces (its previous launch had time to end before this one
+/// was submitted, so the GPU idles between them) at most this often, while the budget holds
+/// the process back (`HELD_RECENTLY_NS`). Spaced `EVENT_SPACING_NS` apart, one event covered
+/// several such launches and the host's gaps between them: 10 us kernels submitted every 50 us
+/// measured 41% for NVML's 9% (the mock), and ran at 0.43 of their speed under a cap of 30. An
+/// event after each costs a record per launch, paid where the gate makes the process wait anyway.
+pub const PACED_EVENT_SPACING_NS: u64 = 20_000;
+/// How long after the budget last held a launch of this process back its host-paced streams
+/// keep an end event per launch.
+pub const HELD_RECENTLY_NS: u64 = 1_000_000_000;
+/// Most host time counted between a start event's record and its launch's submission
+/// (`Submitted::start_gap_ns`): the hook's own work between them takes microseconds.
+const START_GAP_MAX_NS: u64 = 50_000;
 /// A launch closed at its synchronize (`StreamTrack::close_at_sync`) is charged at most this
 /// many times its stream's estimate.
 const SYNC_WINDOW_EST_MAX: u64 = 4;
@@ -133,6 +150,9 @@ struct Submitted<E> {
     /// Event recorded just before the first launch when the stream was idle: its time is when
     /// the GPU reached the launch (submit time plus the driver's launch latency).
     start_ev: Option<E>,
+    /// Host time from the start event's record to the launch's submission: the GPU reached
+    /// the start event that much before the launch (`START_GAP_MAX_NS` at most).
+    start_gap_ns: u64,
     /// Earliest time the covered launches could start (host submit time of the first).
     submit_ns: u64,
     launches: u32,
@@ -174,6 +194,8 @@ struct StreamTrack<E> {
     start_lat_ns: u64,
     /// When the stream's previous event completed: the next launch cannot start earlier.
     last_end_ns: u64,
+    /// When its latest launch was submitted (0 = never).
+    last_launch_ns: u64,
     /// A synchronize found the stream with nothing in flight, and nothing was launched since.
     synced_idle: bool,
     /// The one launch since the last synchronize came right after it (`synced_idle`): the next
@@ -223,6 +245,7 @@ impl<E: Copy> StreamTrack<E> {
             started_ns: 0,
             start_lat_ns: 0,
             last_end_ns: 0,
+            last_launch_ns: 0,
             synced_idle: false,
             lone_after_sync: false,
             sync_lat_ns: 0,
@@ -348,10 +371,11 @@ impl<E: Copy> StreamTrack<E> {
     }
 
     /// The launches without an event get `ev`: they become one pending batch.
-    fn push_unevented(&mut self, ev: E, start_ev: Option<E>, clip_ns: Option<u64>) {
+    fn push_unevented(&mut self, ev: E, start_ev: Option<E>, start_gap_ns: u64, clip_ns: Option<u64>) {
         let (submit_ns, last_submit_ns) = (self.unevented_since_ns, self.unevented_last_ns);
         let (launches, bag, value_ns, unvalued) = self.take_unevented();
-        self.pending.push_back(Submitted { ev, start_ev, submit_ns, launches, bag, value_ns, unvalued, last_submit_ns, clip_ns });
+        let s = Submitted { ev, start_ev, start_gap_ns, submit_ns, launches, bag, value_ns, unvalued, last_submit_ns, clip_ns };
+        self.pending.push_back(s);
         self.pending_launches += launches as u64;
         self.pending_value_ns = self.pending_value_ns.saturating_add(value_ns);
         self.pending_unvalued += unvalued as u64;
@@ -439,6 +463,8 @@ pub struct Meter<E: Copy> {
     /// turns with other containers: its part of the period (`node::Turn`). `None`:
     /// `save_ns(cap)`.
     pub burst_ns: Option<i64>,
+    /// When the budget last made a launch of this process wait (0 = never).
+    held_ns: u64,
     pub stats: MeterStats,
 }
 
@@ -454,6 +480,7 @@ impl<E: Copy> Default for Meter<E> {
             owner: 1,
             queue_bound_ns: None,
             burst_ns: None,
+            held_ns: 0,
             stats: MeterStats::default(),
         }
     }
@@ -530,6 +557,7 @@ impl<E: Copy> Meter<E> {
                         evs.release(se);
                         match s {
                             EventState::Done(t) => {
+                                let t = t + head.start_gap_ns;
                                 st.learn_start_latency(t.saturating_sub(head.submit_ns));
                                 t
                             }
@@ -653,6 +681,7 @@ impl<E: Copy> Meter<E> {
             }
             if now < closed {
                 self.stats.waits_budget += 1;
+                self.held_ns = now;
                 return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
             }
         }
@@ -664,6 +693,7 @@ impl<E: Copy> Meter<E> {
             return Step::Go;
         }
         self.stats.waits_budget += 1;
+        self.held_ns = now;
         let until = now + closure_ns(balance, cap);
         bucket.s.closed_until_ns.fetch_max(closure_word(until, cap), Relaxed);
         Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
@@ -712,16 +742,33 @@ impl<E: Copy> Meter<E> {
         let idle = s.pending.is_empty() && s.unevented == 0;
         // Launches without an event, then a pause: the event also closes their interval.
         let paused = s.unevented > 0 && now.saturating_sub(s.unevented_last_ns) >= EVENT_SPACING_NS;
-        StartEvent { wanted: (idle && now.saturating_sub(s.started_ns) >= IDLE_START_SPACING_NS) || paused, idle }
+        let spacing = if self.paced(s, now) { PACED_EVENT_SPACING_NS } else { IDLE_START_SPACING_NS };
+        StartEvent { wanted: (idle && now.saturating_sub(s.started_ns) >= spacing) || paused, idle }
+    }
+
+    /// Is a launch on `s` at `now` paced by the host while the budget holds this process back?
+    /// Its launches then get a start and an end event each (at most one pair per
+    /// `PACED_EVENT_SPACING_NS`): the interval between the two is its GPU time, not the host's
+    /// gap after it nor the driver's latency before it.
+    fn paced(&self, s: &StreamTrack<E>, now: u64) -> bool {
+        let held = self.held_ns != 0 && now.saturating_sub(self.held_ns) < HELD_RECENTLY_NS;
+        held && !s.synced_idle && s.last_launch_ns != 0 && now.saturating_sub(s.last_launch_ns) >= s.est_ns
     }
 
     /// Does the launch just made on `key` get a timing event after it? At most one per
     /// `EVENT_SPACING_NS` per stream; the launches in between share the next one. A short launch
-    /// right after a synchronize, at most one per `SYNCED_EVENT_SPACING_NS`.
+    /// right after a synchronize, at most one per `SYNCED_EVENT_SPACING_NS`. A launch the host
+    /// paced (submitted at least its stream's estimate after the one before) while the budget
+    /// holds the process back, at most one per `PACED_EVENT_SPACING_NS`: its event ends its
+    /// interval before the host's next gap.
     pub fn wants_end_event(&self, key: StreamKey, now: u64) -> bool {
         self.streams.iter().find(|s| s.key == key).is_none_or(|s| {
             let synced_short = s.synced_idle && s.est_ns < EVENT_SPACING_NS;
-            now.saturating_sub(s.recorded_ns) >= if synced_short { SYNCED_EVENT_SPACING_NS } else { EVENT_SPACING_NS }
+            let since = now.saturating_sub(s.recorded_ns);
+            if since >= if synced_short { SYNCED_EVENT_SPACING_NS } else { EVENT_SPACING_NS } {
+                return true;
+            }
+            since >= PACED_EVENT_SPACING_NS && self.paced(s, now)
         })
     }
     /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
@@ -743,7 +790,7 @@ impl<E: Copy> Meter<E> {
             // have gone idle during the pause; if it was still busy, this launch's interval,
             // which starts at its submission, covers the rest).
             let clip = (st.unevented as u64).saturating_mul(st.est_ns);
-            st.push_unevented(se, None, Some(clip));
+            st.push_unevented(se, None, 0, Some(clip));
             st.recorded_ns = submit_ns;
             start_ev = None;
         }
@@ -757,12 +804,14 @@ impl<E: Copy> Meter<E> {
         }
         st.add_unevented(kind, (kind != 0).then(|| self.kinds.get(kind)).flatten());
         st.unevented_last_ns = submit_ns;
+        st.last_launch_ns = submit_ns;
         // The first launch since a synchronize that found the stream idle; a second one is not.
         st.lone_after_sync = std::mem::take(&mut st.synced_idle);
         match ev {
             Some(ev) => {
                 st.recorded_ns = submit_ns;
-                st.push_unevented(ev, start_ev, None);
+                let gap = start_ev.and_then(|se| evs.recorded_ns(se)).map_or(0, |r| submit_ns.saturating_sub(r));
+                st.push_unevented(ev, start_ev, gap.min(START_GAP_MAX_NS), None);
             }
             None => {
                 if let Some(se) = start_ev {
@@ -782,7 +831,7 @@ impl<E: Copy> Meter<E> {
     /// The event recorded on `key` at `now` for the launches without one (`wants_flush_event`).
     pub fn flushed(&mut self, key: StreamKey, ev: E, now: u64) {
         let Some(st) = self.streams.iter_mut().find(|s| s.key == key && s.unevented > 0) else { return };
-        st.push_unevented(ev, None, None);
+        st.push_unevented(ev, None, 0, None);
         st.recorded_ns = now;
     }
 
@@ -898,11 +947,16 @@ mod tests {
     struct Scripted {
         states: HashMap<u32, EventState>,
         released: Vec<u32>,
+        /// When the host began recording them, where a test says.
+        recorded: HashMap<u32, u64>,
     }
     impl Events for Scripted {
         type Ev = u32;
         fn poll(&mut self, ev: u32) -> EventState {
             *self.states.get(&ev).unwrap_or(&EventState::Pending)
+        }
+        fn recorded_ns(&self, ev: u32) -> Option<u64> {
+            self.recorded.get(&ev).copied()
         }
         fn release(&mut self, ev: u32) {
             self.released.push(ev);
@@ -1058,6 +1112,26 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_begins_after_its_start_event_by_the_host_time_between_them() {
+        // The start event was recorded 30 us before the launch's submission and completed 1 us
+        // after its record; the kernel reached the GPU those 30 us later, and ran 100 us (the
+        // busy map counts in 10 us quanta).
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        let t = T0 + 10 * MS;
+        meter.launched(1, None, Some(19), T0, &mut evs);
+        evs.states.insert(19, EventState::Done(T0 + MS));
+        meter.poll(&mut evs, &b, T0 + 2 * MS);
+        let before = meter.charged_total_ns;
+        evs.recorded.insert(20, t - 30_000);
+        evs.states.insert(20, EventState::Done(t - 29_000));
+        evs.states.insert(21, EventState::Done(t + 101_000));
+        meter.launched(1, Some(20), Some(21), t, &mut evs);
+        meter.poll(&mut evs, &b, t + MS);
+        assert_eq!(meter.charged_total_ns - before, 100_000, "the hook's own 30 us before the launch is not GPU time");
+    }
+
+    #[test]
     fn launches_between_spaced_events_share_the_next_one() {
         // 20 us launches back to back: one event per EVENT_SPACING_NS, each covering its batch.
         let (s, m, mut evs, mut meter) = fixture();
@@ -1075,6 +1149,68 @@ mod tests {
         assert!((10..=11).contains(&recorded), "{recorded} events for 1 ms of launches");
         meter.synced(&mut evs, &b, T0 + 50 * 20_000);
         assert_eq!(meter.charged_total_ns, 50 * 20_000, "every launch charged once, batches included");
+    }
+
+    /// 10 us kernels submitted every 50 us from `t0` (each runs 3..13 us after its submission),
+    /// 40 of them, their events polled between launches as the gate does: what they were charged
+    /// and how many events they got.
+    fn paced_launches(meter: &mut Meter<u32>, evs: &mut Scripted, b: &Bucket<'_>, t0: u64, next: &mut u32) -> (u64, u32) {
+        let (charged, mut events) = (meter.charged_total_ns, 0);
+        let mut record = |evs: &mut Scripted, done: u64| {
+            *next += 1;
+            events += 1;
+            evs.states.insert(*next, EventState::Done(done));
+            *next
+        };
+        for k in 0..40 {
+            let t = t0 + k * 50_000;
+            let start = meter.start_event(1, t).wanted.then(|| record(evs, t + 3_000));
+            let end = (start.is_some() || meter.wants_end_event(1, t)).then(|| record(evs, t + 13_000));
+            meter.launched(1, start, end, t, evs);
+            meter.poll(evs, b, t + 40_000);
+        }
+        (meter.charged_total_ns - charged, events)
+    }
+
+    #[test]
+    fn host_paced_launches_get_an_event_pair_each_while_the_budget_holds() {
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        let mut next = 100;
+        // Spaced events span the host's gaps: 40 launches of 10 us charged about twice that.
+        paced_launches(&mut meter, &mut evs, &b, T0, &mut next);
+        let (spaced, spaced_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 10 * MS, &mut next);
+        assert!(spaced >= 800_000 && spaced_events <= 25, "not held: {spaced} ns in {spaced_events} events");
+        // Held by the budget: a start and an end event around each launch, each charged its 10 us.
+        close_with_debt(&mut meter, &mut evs, &b, 30, 20 * MS as i64, T0 + 20 * MS);
+        let (held, held_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 21 * MS, &mut next);
+        assert!((400_000..=410_000).contains(&held) && held_events >= 79, "held: {held} ns in {held_events} events");
+        // A second after the last hold, spaced events again (each event costs the host a record).
+        let (_, later_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 20 * MS + HELD_RECENTLY_NS, &mut next);
+        assert!(later_events <= 25, "{later_events} events a second after the hold");
+    }
+
+    #[test]
+    fn backlogged_launches_keep_spaced_events_while_the_budget_holds() {
+        // 20 us launches queued back to back (the GPU, not the host, sets the pace): one event per
+        // EVENT_SPACING_NS, held or not.
+        let (s, m, mut evs, mut meter) = fixture();
+        let b = Bucket::new(&s, &m);
+        close_with_debt(&mut meter, &mut evs, &b, 30, 5 * MS as i64, T0);
+        let mut recorded = 0u32;
+        for k in 0..50u64 {
+            let t = T0 + k * 5_000;
+            let start = meter.start_event(1, t).wanted.then(|| {
+                recorded += 1;
+                recorded
+            });
+            let ev = (start.is_some() || meter.wants_end_event(1, t)).then(|| {
+                recorded += 1;
+                recorded
+            });
+            meter.launched(1, start, ev, t, &mut evs);
+        }
+        assert!(recorded <= 5, "{recorded} events for 250 us of launches");
     }
 
     #[test]
