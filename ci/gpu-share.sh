@@ -5,7 +5,7 @@
 # utilization within 3 points of min(cap, u0) (every second within 8), throughput within 5% of
 # min(1, cap/u0). Runs from the dist/ tree (ci/package-gpu.sh). Logs: $OUT/share.jsonl.
 # usage: gpu-share.sh [section ...]   sections: threads sync streams repeat random procs torch compile frameworks
-#                                     (default: all), and high (caps 95-99: not in the default); env THREADS, STREAMS, TORCH_KINDS narrow threads/streams/torch
+#                                     paced (default: all), and high (caps 95-99: not in the default); env THREADS, STREAMS, TORCH_KINDS narrow threads/streams/torch
 #        gpu-share.sh overlap         not judged: how the kernels of 2 threads / 2 streams sat on the GPU
 #                                     uncapped and at caps 25 and 50 (test_streams --trace, read by
 #                                     bench/py/trace_overlap.py; $LIBVGPU picks the library)
@@ -17,7 +17,7 @@ S=$DIST/samples
 PY="python3 $DIST/bench/py/share.py"
 W="python3 $DIST/bench/py/workloads.py"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(threads sync streams repeat random procs torch compile frameworks)
+[ ${#sections[@]} -eq 0 ] && sections=(threads sync streams repeat random procs torch compile frameworks paced)
 fails=0
 run() { "$@" || fails=$((fails + 1)); }
 fw() { MEASURE=${MEASURE:-8} WARM=${WARM:-3} "$@"; }
@@ -36,6 +36,13 @@ for sec in "${sections[@]}"; do
     torch) for k in ${TORCH_KINDS:-matmul gpt2 resnet graph}; do run fw $PY --name "torch_$k" -- $W $k; done ;;
     compile) run fw $PY --name torch_compile -- $W compile ;;
     frameworks) for k in jax cupy; do run fw $PY --name "$k" -- $W $k; done ;;
+    # Short kernels the host paces, never synchronized (the GPU idles between them), and a
+    # framework's eager inference, whose Python paces its kernels so.
+    paced) for a in "5 20" "10 40" "20 50" "40 60"; do
+               set -- $a
+               run $PY --name "paced_${1}us_gap_$2" --fresh 1 -- $S/test_streams --progress --seconds 600 --sync-every 0 --us "$1" --gap-us "$2"
+           done
+           run fw $PY --name torch_eager -- $W eager ;;
     # Caps near 100 (not in the default list, no acceptance line yet): saturating streams must
     # still read the cap, and GPT-2 under a cap it never reaches must keep its speed (0.90 at
     # 77e2206), the guard of the deeper queue at high caps (meter::queue_ceiling_ns). GPT-2's

@@ -5,6 +5,8 @@ usage: workloads.py KIND [--seconds S]
   gpt2     GPT-2 124M training from GPT2Config() (random weights), bf16 autocast, AdamW, 8x512
   resnet   torchvision ResNet-50 training on random data, batch 64, bf16 autocast, SGD
   graph    batch-1 ResNet-50 inference replayed from a CUDA graph, synchronize each request
+  eager    batch-1 GPT-2 124M inference (random weights, fp16, 64 tokens) in eager mode, synchronize
+           each request: Python paces its short kernels, the GPU idles between them
   compile  a torch.compile'd transformer block (Triton kernels) training step
   jax      a jitted JAX MLP training step (XLA's own kernels and command buffers), bf16, SGD
   cupy     CuPy: cuBLAS matmul, an NVRTC-compiled elementwise kernel and a reduction, in a loop,
@@ -169,6 +171,19 @@ def graph():
     return step
 
 
+def eager():
+    use_torch()
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config()).cuda().eval().half()
+    x = torch.randint(0, 50257, (1, 64), device="cuda")
+
+    def step():
+        with torch.no_grad():
+            model(x)
+        torch.cuda.synchronize()
+    return step
+
+
 def compiled():
     use_torch()
     layer = torch.nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True).cuda()
@@ -225,7 +240,7 @@ def cupy_loop():
     return step
 
 
-KINDS = dict(matmul=matmul, gpt2=gpt2, resnet=resnet, graph=graph, compile=compiled, jax=jax_mlp, cupy=cupy_loop)
+KINDS = dict(matmul=matmul, gpt2=gpt2, resnet=resnet, graph=graph, eager=eager, compile=compiled, jax=jax_mlp, cupy=cupy_loop)
 
 
 def profiled(kind, steps, warmup, cpu=False):
