@@ -113,12 +113,13 @@ pub const IDLE_START_SPACING_NS: u64 = 5_000_000;
 /// record every sixth launch and a query for it: an H100 ran an empty kernel and synchronize
 /// 1.064 times as long as the driver alone under a cap of 75, 1.043 at this spacing.
 pub const SYNCED_EVENT_SPACING_NS: u64 = 1_000_000;
-/// End events on a stream the host paces (its previous launch had time to end before this one
-/// was submitted, so the GPU idles between them) at most this often, while the budget holds
-/// the process back (`HELD_RECENTLY_NS`). Spaced `EVENT_SPACING_NS` apart, one event covered
-/// several such launches and the host's gaps between them: 10 us kernels submitted every 50 us
-/// measured 41% for NVML's 9% (the mock), and ran at 0.43 of their speed under a cap of 30. An
-/// event after each costs a record per launch, paid where the gate makes the process wait anyway.
+/// Start events on a stream the host paces (its previous launch had time to end before this
+/// one was submitted, so the GPU idles between them) at most this often, while the budget holds
+/// the process back (`HELD_RECENTLY_NS`); each such launch also gets an end event. Spaced
+/// `EVENT_SPACING_NS` apart, one event covered several such launches and the host's gaps
+/// between them, and so did the event recorded when the next launch was held: 10 us kernels
+/// submitted every 50 us measured 41% for NVML's 9% (the mock), and ran at 0.43 of their speed
+/// under a cap of 30. The records cost host time where the gate makes the process wait anyway.
 pub const PACED_EVENT_SPACING_NS: u64 = 20_000;
 /// How long after the budget last held a launch of this process back its host-paced streams
 /// keep an end event per launch.
@@ -757,10 +758,9 @@ impl<E: Copy> Meter<E> {
 
     /// Does the launch just made on `key` get a timing event after it? At most one per
     /// `EVENT_SPACING_NS` per stream; the launches in between share the next one. A short launch
-    /// right after a synchronize, at most one per `SYNCED_EVENT_SPACING_NS`. A launch the host
-    /// paced (submitted at least its stream's estimate after the one before) while the budget
-    /// holds the process back, at most one per `PACED_EVENT_SPACING_NS`: its event ends its
-    /// interval before the host's next gap.
+    /// right after a synchronize, at most one per `SYNCED_EVENT_SPACING_NS`. Every launch the
+    /// host paced (submitted at least its stream's estimate after the one before) while the
+    /// budget holds the process back: its event ends its interval before the host's next gap.
     pub fn wants_end_event(&self, key: StreamKey, now: u64) -> bool {
         self.streams.iter().find(|s| s.key == key).is_none_or(|s| {
             let synced_short = s.synced_idle && s.est_ns < EVENT_SPACING_NS;
@@ -768,7 +768,7 @@ impl<E: Copy> Meter<E> {
             if since >= if synced_short { SYNCED_EVENT_SPACING_NS } else { EVENT_SPACING_NS } {
                 return true;
             }
-            since >= PACED_EVENT_SPACING_NS && self.paced(s, now)
+            self.paced(s, now)
         })
     }
     /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
@@ -1152,9 +1152,9 @@ mod tests {
     }
 
     /// 10 us kernels submitted every 50 us from `t0` (each runs 3..13 us after its submission),
-    /// 40 of them, their events polled between launches as the gate does: what they were charged
-    /// and how many events they got.
-    fn paced_launches(meter: &mut Meter<u32>, evs: &mut Scripted, b: &Bucket<'_>, t0: u64, next: &mut u32) -> (u64, u32) {
+    /// 40 of them, their events polled between launches as the gate does, each held briefly
+    /// where `held`: what they were charged and how many events they got.
+    fn paced_launches(meter: &mut Meter<u32>, evs: &mut Scripted, b: &Bucket<'_>, t0: u64, held: bool, next: &mut u32) -> (u64, u32) {
         let (charged, mut events) = (meter.charged_total_ns, 0);
         let mut record = |evs: &mut Scripted, done: u64| {
             *next += 1;
@@ -1164,6 +1164,12 @@ mod tests {
         };
         for k in 0..40 {
             let t = t0 + k * 50_000;
+            // Held, a launch first waits: an event then ends the launches without one (on the
+            // idle stream it completes at once, after the host's gap).
+            if held && meter.wants_flush_event(1) {
+                let ev = record(evs, t - 4_000);
+                meter.flushed(1, ev, t - 5_000);
+            }
             let start = meter.start_event(1, t).wanted.then(|| record(evs, t + 3_000));
             let end = (start.is_some() || meter.wants_end_event(1, t)).then(|| record(evs, t + 13_000));
             meter.launched(1, start, end, t, evs);
@@ -1178,15 +1184,15 @@ mod tests {
         let b = Bucket::new(&s, &m);
         let mut next = 100;
         // Spaced events span the host's gaps: 40 launches of 10 us charged about twice that.
-        paced_launches(&mut meter, &mut evs, &b, T0, &mut next);
-        let (spaced, spaced_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 10 * MS, &mut next);
+        paced_launches(&mut meter, &mut evs, &b, T0, false, &mut next);
+        let (spaced, spaced_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 10 * MS, false, &mut next);
         assert!(spaced >= 800_000 && spaced_events <= 25, "not held: {spaced} ns in {spaced_events} events");
         // Held by the budget: a start and an end event around each launch, each charged its 10 us.
         close_with_debt(&mut meter, &mut evs, &b, 30, 20 * MS as i64, T0 + 20 * MS);
-        let (held, held_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 21 * MS, &mut next);
+        let (held, held_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 21 * MS, true, &mut next);
         assert!((400_000..=410_000).contains(&held) && held_events >= 79, "held: {held} ns in {held_events} events");
         // A second after the last hold, spaced events again (each event costs the host a record).
-        let (_, later_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 20 * MS + HELD_RECENTLY_NS, &mut next);
+        let (_, later_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 20 * MS + HELD_RECENTLY_NS, false, &mut next);
         assert!(later_events <= 25, "{later_events} events a second after the hold");
     }
 
