@@ -243,7 +243,7 @@ fn proc_lock() -> &'static Mutex<Option<Proc>> {
 
 /// Threads blocked on the process lock right now. A real query reads a completion word and takes
 /// no lock; ours does, so a thread polling in a tight loop must give way, but only to a thread
-/// that is waiting (see `exports::not_ready_pause`).
+/// that is waiting (`exports::not_ready_pause`, for event queries).
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether another thread is blocked on the process lock.

@@ -305,7 +305,7 @@ unsafe fn stream_query(stream: Handle) -> CUresult {
         }
         Ok(())
     });
-    not_ready_pause(r)
+    not_ready_pause(r, false)
 }
 
 /// A real query reads a completion word without holding any lock of the process and never
@@ -317,15 +317,8 @@ unsafe fn stream_query(stream: Handle) -> CUresult {
 /// Event queries (libvgpu's meter asks its events once per look) give way only to a thread
 /// waiting for the lock: on a machine whose cores are all busy a yield costs a scheduler slice,
 /// and a starved memset loop got 0.20 of its rate under a 30% cap where an H200 held 29.8%.
-fn not_ready_pause(r: CUresult) -> CUresult {
-    if r == CUDA_ERROR_NOT_READY {
-        std::thread::yield_now();
-    }
-    r
-}
-
-fn event_not_ready_pause(r: CUresult) -> CUresult {
-    if r == CUDA_ERROR_NOT_READY && crate::driver::others_waiting() {
+fn not_ready_pause(r: CUresult, only_to_a_waiter: bool) -> CUresult {
+    if r == CUDA_ERROR_NOT_READY && (!only_to_a_waiter || crate::driver::others_waiting()) {
         std::thread::yield_now();
     }
     r
@@ -1164,13 +1157,14 @@ driver_exports! {
         event_record(event, stream)
     }
     "cuEventQuery" @ 2000 => fn cuEventQuery(event: Handle) {
-        event_not_ready_pause(run(|p, _| {
+        let r = run(|p, _| {
             let e = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             if e.until().is_some_and(|u| now_ns() < u.ends()) {
                 return Err(CUDA_ERROR_NOT_READY);
             }
             Ok(())
-        }))
+        });
+        not_ready_pause(r, true)
     }
     "cuEventSynchronize" @ 2000 => fn cuEventSynchronize(event: Handle) {
         sync_until(|p| Ok(p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.until().unwrap_or(0.into())))

@@ -253,6 +253,18 @@ impl<E: Copy> StreamTrack<E> {
         }
     }
 
+    /// Is a launch at `now` paced by the host (its previous launch had time to end before it was
+    /// submitted, so the GPU idles between them) while the budget holds the process back (`held`,
+    /// `Meter::held_recently`)? Each such launch gets an end event. Spaced `EVENT_SPACING_NS`
+    /// apart, one event covered several such launches and the host's gaps between them, and so
+    /// did the event recorded when the next launch was held: on an H200, under a cap of 25,
+    /// kernels of 5-20 us submitted every 25-70 us read 11-19% by NVML for 33.5% measured, at
+    /// 0.37-0.44 of their speed. A start and an end event around each (the first try) measured
+    /// them right but cost 0.61-0.76 of the speed: each event is host time and NVML busy time.
+    fn paced(&self, held: bool, now: u64) -> bool {
+        held && !self.synced_idle && self.last_launch_ns != 0 && now.saturating_sub(self.last_launch_ns) >= self.est_ns
+    }
+
     /// Fold a measured interval of `launches` launches into the estimates. The per-launch
     /// estimate weighs every launch alike (interval time over launches, over the last
     /// `EST_WINDOW` or so intervals): a mean of per-interval averages counted a lone 1.5 ms GEMM
@@ -738,17 +750,9 @@ impl<E: Copy> Meter<E> {
         StartEvent { wanted: (idle && now.saturating_sub(s.started_ns) >= IDLE_START_SPACING_NS) || paused, idle }
     }
 
-    /// Is a launch on `s` at `now` paced by the host (its previous launch had time to end before
-    /// it was submitted, so the GPU idles between them) while the budget holds this process back
-    /// (`HELD_RECENTLY_NS`)? Each such launch gets an end event. Spaced `EVENT_SPACING_NS` apart,
-    /// one event covered several such launches and the host's gaps between them, and so did the
-    /// event recorded when the next launch was held: on an H200, under a cap of 25, kernels of
-    /// 5-20 us submitted every 25-70 us read 11-19% by NVML for 33.5% measured, at 0.37-0.44 of
-    /// their speed. A start and an end event around each (the first try) measured them right
-    /// but cost 0.61-0.76 of the speed: each event is host time and NVML busy time.
-    fn paced(&self, s: &StreamTrack<E>, now: u64) -> bool {
-        let held = self.held_ns != 0 && now.saturating_sub(self.held_ns) < HELD_RECENTLY_NS;
-        held && !s.synced_idle && s.last_launch_ns != 0 && now.saturating_sub(s.last_launch_ns) >= s.est_ns
+    /// Did the budget make a launch of this process wait within `HELD_RECENTLY_NS` of `now`?
+    fn held_recently(&self, now: u64) -> bool {
+        self.held_ns != 0 && now.saturating_sub(self.held_ns) < HELD_RECENTLY_NS
     }
 
     /// Does the launch just made on `key` get a timing event after it? At most one per
@@ -763,7 +767,7 @@ impl<E: Copy> Meter<E> {
             if since >= if synced_short { SYNCED_EVENT_SPACING_NS } else { EVENT_SPACING_NS } {
                 return true;
             }
-            self.paced(s, now)
+            s.paced(self.held_recently(now), now)
         })
     }
     /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
@@ -777,8 +781,7 @@ impl<E: Copy> Meter<E> {
     pub fn launched_kind(&mut self, key: StreamKey, kind: u64, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {
         self.launches += 1;
         let i = self.track(key, submit_ns);
-        // The host paced it: its stream's earlier work is done, whether or not its event was seen.
-        let paced = self.paced(&self.streams[i], submit_ns);
+        let held = self.held_recently(submit_ns);
         let st = &mut self.streams[i];
         let mut start_ev = start_ev;
         if let (Some(se), true) = (start_ev, st.unevented > 0) {
@@ -796,7 +799,8 @@ impl<E: Copy> Meter<E> {
         }
         if st.unevented == 0 {
             // Starting the idle stream without a start event: it begins about when one would have.
-            let idle = (st.pending.is_empty() || paced) && start_ev.is_none();
+            // A launch the host paced finds its stream's earlier work done, seen or not.
+            let idle = start_ev.is_none() && (st.pending.is_empty() || st.paced(held, submit_ns));
             st.unevented_since_ns = submit_ns + if idle { st.start_lat_ns } else { 0 };
         }
         st.add_unevented(kind, (kind != 0).then(|| self.kinds.get(kind)).flatten());
