@@ -324,6 +324,22 @@ fn not_ready_pause(r: CUresult, only_to_a_waiter: bool) -> CUresult {
     r
 }
 
+/// An event call's host time (`MOCK_EVENT_CALL_NS`), half before and half after its work, outside
+/// the mock's locks: a busy wait, as the driver's call is CPU work, not a sleep.
+fn event_call<T>(f: impl FnOnce() -> T) -> T {
+    let ns = mock_gpu::shared().map_or(0, |st| st.header().event_call_ns);
+    let spin = |ns: u64| {
+        let until = now_ns() + ns;
+        while now_ns() < until {
+            std::hint::spin_loop();
+        }
+    };
+    spin(ns / 2);
+    let r = f();
+    spin(ns - ns / 2);
+    r
+}
+
 unsafe fn stream_wait_event(stream: Handle, event: Handle, flags: c_uint) -> CUresult {
     run(|p, _| {
         if flags > 1 {
@@ -340,11 +356,15 @@ unsafe fn stream_wait_event(stream: Handle, event: Handle, flags: c_uint) -> CUr
 }
 
 unsafe fn event_record(event: Handle, stream: Handle) -> CUresult {
-    run(|p, _| {
+    run(|p, st| {
         p.cur()?;
+        let (_, d) = p.stream_dev(stream as u64)?;
         let s = p.stream_mut(stream as u64)?;
         // While capturing, a record becomes a graph node in the real driver; here it is a no-op.
         let stamp = (s.capture.is_none()).then(|| s.last_end.max(now_ns()));
+        if let Some(at) = stamp {
+            st.event_reached(d, at);
+        }
         let behind = p.spins_on(stream as u64).into_iter().rev().find(|l| stamp.is_some_and(|t| l.ends_at() > t));
         let e = p.events.get_mut(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if stamp.is_some() {
@@ -1148,32 +1168,32 @@ driver_exports! {
         })
     }
     "cuEventRecord" @ 2000 / 7000 cuEventRecord_ptsz => fn cuEventRecord (event: Handle, stream: Handle) {
-        event_record(event, stream)
+        event_call(|| event_record(event, stream))
     }
     "cuEventRecordWithFlags" @ 11010 / 11010 cuEventRecordWithFlags_ptsz => fn cuEventRecordWithFlags (event: Handle, stream: Handle, flags: c_uint) {
         if flags > 1 {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        event_record(event, stream)
+        event_call(|| event_record(event, stream))
     }
     "cuEventQuery" @ 2000 => fn cuEventQuery(event: Handle) {
-        let r = run(|p, _| {
+        let r = event_call(|| run(|p, _| {
             let e = p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             if e.until().is_some_and(|u| now_ns() < u.ends()) {
                 return Err(CUDA_ERROR_NOT_READY);
             }
             Ok(())
-        });
+        }));
         not_ready_pause(r, true)
     }
     "cuEventSynchronize" @ 2000 => fn cuEventSynchronize(event: Handle) {
         sync_until(|p| Ok(p.events.get(&(event as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.until().unwrap_or(0.into())))
     }
     "cuEventElapsedTime" @ 2000 => fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) {
-        elapsed(ms, start, end)
+        not_ready_pause(event_call(|| elapsed(ms, start, end)), true)
     }
     "cuEventElapsedTime" @ 12080 => fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) {
-        elapsed(ms, start, end)
+        not_ready_pause(event_call(|| elapsed(ms, start, end)), true)
     }
     "cuEventDestroy" @ 4000 => fn cuEventDestroy_v2(event: Handle) {
         run(|p, _| p.events.remove(&(event as u64)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE))

@@ -40,6 +40,13 @@ pub struct Config {
     /// GPU time a switch between two processes' kernels costs when their work meets (an H100
     /// ran two saturating processes at 44.4% of one's throughput each, 11% lost); default 0.
     pub switch_ns: u64,
+    /// Host time each event call (`cuEventRecord`, `cuEventQuery`, `cuEventElapsedTime`) takes,
+    /// as the driver's do (an H200: a record about 1.5 us, a query with its elapsed time about
+    /// 2.5 us); default 0.
+    pub event_call_ns: u64,
+    /// Busy time NVML counts for each timing event the GPU reaches (an H200 under a cap read
+    /// about 1.1 us more per event recorded after each host-paced 5-20 us kernel); default 0.
+    pub nvml_event_ns: u64,
 }
 
 const GIB: u64 = 1 << 30;
@@ -89,6 +96,8 @@ impl Default for Config {
             cc_minor: 0,
             timer_ppm: 0,
             switch_ns: 0,
+            event_call_ns: 0,
+            nvml_event_ns: 0,
         }
     }
 }
@@ -178,6 +187,20 @@ impl Config {
             match v.trim().parse::<u64>() {
                 Ok(n) => c.switch_ns = n,
                 Err(e) => bad("MOCK_GPU_SWITCH_NS", &v, e.to_string()),
+            }
+        }
+        if let Some(v) = get("MOCK_EVENT_CALL_NS") {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n <= 1_000_000 => c.event_call_ns = n,
+                Ok(_) => bad("MOCK_EVENT_CALL_NS", &v, "must be at most 1000000".into()),
+                Err(e) => bad("MOCK_EVENT_CALL_NS", &v, e.to_string()),
+            }
+        }
+        if let Some(v) = get("MOCK_NVML_EVENT_NS") {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n <= 1_000_000 => c.nvml_event_ns = n,
+                Ok(_) => bad("MOCK_NVML_EVENT_NS", &v, "must be at most 1000000".into()),
+                Err(e) => bad("MOCK_NVML_EVENT_NS", &v, e.to_string()),
             }
         }
         if let Some(v) = get("MOCK_GPU_CC") {
@@ -271,6 +294,12 @@ mod tests {
         assert_eq!(c.devices[0].total_mem, 4 << 30);
         assert_eq!(c.devices[1].total_mem, 2 << 30);
         assert_eq!(c.devices[1].sms, 132);
+        let (c, e) = cfg(&[("MOCK_EVENT_CALL_NS", "1500"), ("MOCK_NVML_EVENT_NS", "1100")]);
+        assert!(e.is_empty());
+        assert_eq!((c.event_call_ns, c.nvml_event_ns), (1500, 1100));
+        let (c, e) = cfg(&[("MOCK_EVENT_CALL_NS", "2000000"), ("MOCK_NVML_EVENT_NS", "-1")]);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert_eq!((c.event_call_ns, c.nvml_event_ns), (0, 0), "a bad value leaves the default");
     }
 
     #[test]

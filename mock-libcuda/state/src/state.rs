@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, A
 use std::sync::{Mutex, MutexGuard};
 
 pub const MAGIC: [u8; 8] = *b"MOCKGPU\0";
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 
 #[repr(C)]
 pub struct Header {
@@ -33,6 +33,10 @@ pub struct Header {
     /// GPU time a switch between two processes' kernels costs when their work meets (the GPU
     /// time-slicing contexts); NVML counts it busy.
     pub switch_ns: u64,
+    /// Host time each event call takes (`Config::event_call_ns`).
+    pub event_call_ns: u64,
+    /// Busy time NVML counts per timing event (`Config::nvml_event_ns`).
+    pub nvml_event_ns: u64,
 }
 
 #[repr(C)]
@@ -371,6 +375,8 @@ impl GpuState {
         h.cc_minor = cfg.cc_minor;
         h.timer_ppm = cfg.timer_ppm;
         h.switch_ns = cfg.switch_ns;
+        h.event_call_ns = cfg.event_call_ns;
+        h.nvml_event_ns = cfg.nvml_event_ns;
         std::sync::atomic::fence(SeqCst);
         h.magic = MAGIC;
         map.flush().map_err(|e| e.to_string())?;
@@ -726,6 +732,19 @@ impl GpuState {
             self.record_nvml_busy(sd, start, end, now);
         }
         (start, end)
+    }
+
+    /// A timing event of ours reached the GPU at `at` on device `d`: NVML counts
+    /// `nvml_event_ns` of busy time for it (the union with our other work).
+    pub fn event_reached(&self, d: usize, at: u64) {
+        let ns = self.header().nvml_event_ns;
+        if let (true, Some(s)) = (ns > 0, self.my_slot()) {
+            let sd = self.slot_dev(s, d);
+            let prev = sd.nvml_end.fetch_max(at + ns, AcqRel);
+            if at + ns > prev {
+                self.record_busy(sd, at.max(prev), at + ns, now_ns());
+            }
+        }
     }
 
     /// Record `[start, end)` plus NVML's tail as busy for NVML. Busy time is the union: work
