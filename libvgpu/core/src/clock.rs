@@ -59,7 +59,17 @@ static CAL_MONO: AtomicU64 = AtomicU64::new(0);
 static CAL_NS_PER_TICK_Q32: AtomicU64 = AtomicU64::new(0);
 /// The previous calibration point, kept by the (single) calibrating thread.
 #[cfg(target_arch = "x86_64")]
-static PREV: std::sync::Mutex<Option<(u64, u64)>> = std::sync::Mutex::new(None);
+static PREV: std::sync::Mutex<CalState> = std::sync::Mutex::new(CalState { prev: None, min_bracket_ns: u64::MAX, skipped: 0 });
+
+/// What the calibrating thread keeps between calibrations.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct CalState {
+    prev: Option<(u64, u64)>,
+    /// The narrowest bracket seen (ns; `u64::MAX`: none yet).
+    min_bracket_ns: u64,
+    /// Calibrations in a row whose best reading was too wide.
+    skipped: u32,
+}
 
 /// Refresh the TSC calibration (called periodically by one thread). Rebases on the current
 /// point so drift against CLOCK_MONOTONIC never accumulates past one period; a TSC that goes
@@ -76,10 +86,10 @@ pub fn calibrate() {
             *r = Reading { before, mono, after };
         }
         let q_now = CAL_NS_PER_TICK_Q32.load(Relaxed);
-        let Some((t, m)) = best_point(&readings, q_now) else { return };
-        let mut prev = PREV.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(q) = tsc_rate_q32(*prev, t, m) else { return };
-        *prev = Some((t, m));
+        let mut cal = PREV.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((t, m)) = cal.take_point(&readings, q_now) else { return };
+        let Some(q) = tsc_rate_q32(cal.prev, t, m) else { return };
+        cal.prev = Some((t, m));
         CAL_SEQ.fetch_add(1, AcqRel);
         CAL_TSC.store(t, Relaxed);
         CAL_MONO.store(m, Relaxed);
@@ -90,8 +100,13 @@ pub fn calibrate() {
 
 /// Readings taken per calibration.
 const READINGS: usize = 5;
-/// A reading whose counter reads lie further apart than this is no calibration point.
+/// A calibration's best reading may span this much, or `BRACKET_SLACK` times the narrowest
+/// seen (a machine whose clock read is a system call), before the calibration is skipped...
 const MAX_BRACKET_NS: u64 = 2_000;
+const BRACKET_SLACK: u64 = 4;
+/// ...but never more than this many in a row: the point is rebased at least this often, so the
+/// fast clock's drift stays bounded.
+const MAX_SKIPPED: u32 = 10;
 
 /// One calibration reading: the time-stamp counter just before and just after a CLOCK_MONOTONIC read.
 #[derive(Clone, Copy, Debug, Default)]
@@ -101,20 +116,30 @@ struct Reading {
     after: u64,
 }
 
-/// The calibration point of a set of readings, as (counter, monotonic): the reading whose counter
-/// reads lie closest together, at their middle. A thread preempted between its two reads (common
-/// on a loaded VM) pairs the counter with a clock read microseconds later: taken alone, such a
-/// reading set the rate 230 ppm off on a 2-core VM, and the fast clock drifted 22 us from
-/// CLOCK_MONOTONIC within a tick. `None` when even the best bracket is wider than
-/// `MAX_BRACKET_NS` at the known rate `q` (ns per tick, 32.32; 0: not known, any is taken).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn best_point(readings: &[Reading], q: u64) -> Option<(u64, u64)> {
-    let best = readings.iter().filter(|r| r.after >= r.before).min_by_key(|r| r.after - r.before)?;
-    let ticks = best.after - best.before;
-    if q != 0 && (ticks as u128 * q as u128) >> 32 > MAX_BRACKET_NS as u128 {
-        return None;
+impl CalState {
+    /// The calibration point of a set of readings, as (counter, monotonic): the reading whose
+    /// counter reads lie closest together, at their middle. A thread preempted between its two
+    /// reads (common on a loaded VM) pairs the counter with a clock read microseconds later:
+    /// taken alone, such a reading set the rate 230 ppm off on a 2-core VM, and the fast clock
+    /// drifted 22 us from CLOCK_MONOTONIC within a tick. `None` (skip this calibration) when even
+    /// the best bracket is too wide at the known rate `q` (ns per tick, 32.32; 0: not known, any
+    /// is taken), unless `MAX_SKIPPED` calibrations in a row were skipped.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn take_point(&mut self, readings: &[Reading], q: u64) -> Option<(u64, u64)> {
+        let best = readings.iter().filter(|r| r.after >= r.before).min_by_key(|r| r.after - r.before)?;
+        let ticks = best.after - best.before;
+        if q != 0 {
+            let ns = ((ticks as u128 * q as u128) >> 32).min(u64::MAX as u128) as u64;
+            let limit = MAX_BRACKET_NS.max(self.min_bracket_ns.saturating_mul(BRACKET_SLACK));
+            self.min_bracket_ns = self.min_bracket_ns.min(ns);
+            if ns > limit && self.skipped < MAX_SKIPPED {
+                self.skipped += 1;
+                return None;
+            }
+        }
+        self.skipped = 0;
+        Some((best.before + ticks / 2, best.mono))
     }
-    Some((best.before + ticks / 2, best.mono))
 }
 
 /// The calibration a TSC reading `t` at monotonic `m` gives after the point `prev`: ns per tick
@@ -140,7 +165,7 @@ pub fn reset_calibration() {
     #[cfg(target_arch = "x86_64")]
     {
         CAL_NS_PER_TICK_Q32.store(0, Release);
-        *PREV.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *PREV.lock().unwrap_or_else(|p| p.into_inner()) = CalState { prev: None, min_bracket_ns: u64::MAX, skipped: 0 };
     }
 }
 
@@ -198,6 +223,7 @@ mod tests {
     fn worst_fast_clock_error(preempted: usize) -> u64 {
         let tsc = |ns: u64| ns * 3;
         let (mut prev, mut cal, mut worst) = (None, None::<(u64, u64, u64)>, 0u64);
+        let mut state = fresh();
         for k in 0..20u64 {
             let t0 = 1_000_000_000 + k * 100_000_000;
             if let Some((ct, cm, q)) = cal {
@@ -214,7 +240,7 @@ mod tests {
                 })
                 .collect();
             let q_now = cal.map_or(0, |c| c.2);
-            let Some((t, m)) = best_point(&readings, q_now) else { continue };
+            let Some((t, m)) = state.take_point(&readings, q_now) else { continue };
             match tsc_rate_q32(prev, t, m) {
                 Some(q) if q != 0 => cal = Some((t, m, q)),
                 _ => {}
@@ -232,12 +258,36 @@ mod tests {
         }
     }
 
+    fn fresh() -> CalState {
+        CalState { prev: None, min_bracket_ns: u64::MAX, skipped: 0 }
+    }
+
     #[test]
-    fn a_calibration_with_every_reading_preempted_keeps_the_old_point() {
+    fn a_calibration_with_every_reading_preempted_keeps_the_old_point_for_a_while() {
         let r = Reading { before: 3_000, mono: 26_000, after: 78_000 };
         let q = (1u64 << 32) / 3; // 1/3 ns a tick
-        assert_eq!(best_point(&[r; READINGS], q), None, "a 25 us bracket is no calibration point");
-        assert_eq!(best_point(&[r; READINGS], 0), Some((40_500, 26_000)), "with no rate yet, the best there is");
+        let mut state = fresh();
+        assert_eq!(state.take_point(&[r; READINGS], 0), Some((40_500, 26_000)), "with no rate yet, the best there is");
+        let mut state = fresh();
+        let good = Reading { before: 0, mono: 20, after: 120 };
+        assert!(state.take_point(&[good; READINGS], q).is_some(), "a 40 ns bracket");
+        for _ in 0..MAX_SKIPPED {
+            assert_eq!(state.take_point(&[r; READINGS], q), None, "a 25 us bracket is no calibration point");
+        }
+        assert!(state.take_point(&[r; READINGS], q).is_some(), "but the point is rebased at least every MAX_SKIPPED calibrations");
+        assert_eq!(state.take_point(&[r; READINGS], q), None, "and the count starts over");
+    }
+
+    #[test]
+    fn a_clock_read_that_is_always_slow_still_calibrates() {
+        // A clock source read by a system call: every bracket about 3 us, none narrower.
+        let q = (1u64 << 32) / 3;
+        let mut state = fresh();
+        for k in 0..20u64 {
+            let at = k * 300_000_000; // ticks, 100 ms apart
+            let r = Reading { before: at, mono: at / 3 + 1_500, after: at + 9_000 };
+            assert!(state.take_point(&[r; READINGS], q).is_some(), "calibration {k} skipped with a 3 us bracket every time");
+        }
     }
 
     #[test]
