@@ -329,12 +329,28 @@ fn repeated_async_runs_all_hold_the_cap() {
     }
 }
 
+/// A timing measurement on the mock, judged by `check`, is taken once more before the test fails:
+/// a stall of this 2-core host fails a measurement that a real fault fails twice. (A clean-clone
+/// CI run at b882298 failed three of these at once, with NVML samples of 2% and 9% inside a run
+/// capped at 30 and the watcher's 250 ms ticks up to 336 ms apart; the suite passed right after.)
+fn measured_twice(what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    if let Err(first) = check() {
+        eprintln!("RETRY {what} once: {}", first.lines().next().unwrap_or_default());
+        if let Err(second) = check() {
+            panic!("{what}, twice in a row: {second}\nthe first time: {first}");
+        }
+    }
+}
+
 #[test]
 #[serial(mock_gpu_timing)]
 fn synchronizing_by_polling_or_events_changes_nothing() {
     for how in ["query", "event"] {
-        let (share, out) = streams_share(&["--threads", "2", "--sync-by", how, "--us", "1000"], 3);
-        assert!((share - 0.30).abs() <= 0.05, "sync by {how}: {share:.3} of the throughput under a 30% cap\n{out}");
+        measured_twice(&format!("sync by {how}"), || {
+            let (share, out) = streams_share(&["--threads", "2", "--sync-by", how, "--us", "1000"], 3);
+            let ok = (share - 0.30).abs() <= 0.05;
+            ok.then_some(()).ok_or_else(|| format!("sync by {how}: {share:.3} of the throughput under a 30% cap\n{out}"))
+        });
     }
 }
 
@@ -493,12 +509,12 @@ fn host_paced_case(us: &str, gap: &str, cap: &str, env: &[(&str, &str)]) -> (f64
 fn host_paced_short_kernels_are_charged_their_gpu_time() {
     // Caps well under the uncapped use: a host slowed by the machine still reaches them.
     for (us, gap, cap, judge_speed) in [("20", "50", 20.0, false), ("40", "60", 30.0, true)] {
-        let (u0, got, share, out) = host_paced_case(us, gap, &cap.to_string(), &[]);
-        let (want_util, want_share) = (u0.min(cap), (cap / u0).min(1.0));
-        assert!(
-            (got - want_util).abs() <= 3.0 && (!judge_speed || (share / want_share - 1.0).abs() <= 0.05),
-            "{us} us kernels, {gap} us apart: NVML {got:.1}% (want {want_util:.1}), {share:.3} of the uncapped speed (want {want_share:.3}) under a {cap}% cap\n{out}"
-        );
+        measured_twice(&format!("{us} us kernels {gap} us apart"), || {
+            let (u0, got, share, out) = host_paced_case(us, gap, &cap.to_string(), &[]);
+            let (want_util, want_share) = (u0.min(cap), (cap / u0).min(1.0));
+            let ok = (got - want_util).abs() <= 3.0 && (!judge_speed || (share / want_share - 1.0).abs() <= 0.05);
+            ok.then_some(()).ok_or_else(|| format!("{us} us kernels, {gap} us apart: NVML {got:.1}% (want {want_util:.1}), {share:.3} of the uncapped speed (want {want_share:.3}) under a {cap}% cap\n{out}"))
+        });
     }
 }
 
@@ -535,8 +551,11 @@ fn the_cap_holds_when_the_gpu_timer_runs_slow() {
     // third, then a tenth, of what NVML counted, and let them run at 42 and 63 under a cap of
     // 50). Here 1000 ppm (hundreds on real machines, over minutes): NVML read 56% under a 20%
     // cap before each event's record time bounded its mapping.
-    let (got, want, out) = drift_case("-1000");
-    assert!((got - want).abs() <= 3.0, "timer 1000 ppm slow: NVML read {got:.1}% under a 20% cap\n{out}");
+    measured_twice("timer 1000 ppm slow", || {
+        let (got, want, out) = drift_case("-1000");
+        let ok = (got - want).abs() <= 3.0;
+        ok.then_some(()).ok_or_else(|| format!("timer 1000 ppm slow: NVML read {got:.1}% under a 20% cap\n{out}"))
+    });
 }
 
 #[test]
@@ -549,7 +568,10 @@ fn the_cap_holds_when_the_gpu_timer_runs_fast() {
     // 20, and the test was ignored as a known failure. Since then held launches paced by the host
     // get an end event each (`StreamTrack::paced`), the likely reason it passed 3 of 3 at df61519
     // (not bisected), and 5 of 5 with the start latency's floor.
-    let (got, want, out) = drift_case("1000");
-    assert!((got - want).abs() <= 3.0, "timer 1000 ppm fast: NVML read {got:.1}% under a 20% cap\n{out}");
+    measured_twice("timer 1000 ppm fast", || {
+        let (got, want, out) = drift_case("1000");
+        let ok = (got - want).abs() <= 3.0;
+        ok.then_some(()).ok_or_else(|| format!("timer 1000 ppm fast: NVML read {got:.1}% under a 20% cap\n{out}"))
+    });
 }
 
