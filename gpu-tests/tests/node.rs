@@ -212,6 +212,26 @@ fn node_file(s: &Scratch) -> PathBuf {
     }
 }
 
+/// The live entries of the GPU's node file whose name is `uuid` (`None`: no valid file).
+fn live_entries(s: &Scratch, uuid: &str) -> Option<Vec<vgpu_core::node::Entry>> {
+    use vgpu_core::node::{self, NodeFile, Slot};
+    let slots = NodeFile::open(&node_dir(s), uuid, false).ok()?.read().ok()?;
+    let now = vgpu_core::clock::now_ns();
+    Some(slots.into_iter().filter_map(|e| match e {
+        Slot::Used(e) if node::live(&e, now) => Some(e),
+        _ => None,
+    }).collect())
+}
+
+/// Container `name`'s saturating loop (priority 1) for `seconds`, once it reported its first second.
+fn saturating_for(s: &Scratch, name: &str, seconds: u32, what: &str) -> Bg {
+    let mut c = saturating(s, name, 1, 10, &[]);
+    c.args(["--seconds", &seconds.to_string()]);
+    let mut bg = Bg::spawn(c, what);
+    bg.wait_line("second=1 ", Duration::from_secs(10));
+    bg
+}
+
 /// A 2-second low-priority loop beside a live high-priority entry: (kernels/s, stderr lines about the node file).
 fn low_run(s: &Scratch) -> (f64, Vec<String>) {
     let out = saturating(s, "lo", 1, 1, &[]).args(["--seconds", "3"]).output().unwrap();
@@ -295,21 +315,11 @@ fn a_node_dir_whose_name_is_not_utf8_is_the_one_used() {
 #[test]
 #[serial(mock_gpu_timing)]
 fn a_node_file_deleted_or_truncated_under_a_running_process_is_restored() {
-    use vgpu_core::node::{self, NodeFile, Slot};
     let s = Scratch::new("node-cut");
-    let mut c = saturating(&s, "lo", 1, 10, &[]);
-    c.args(["--seconds", "8"]);
-    let mut low = Bg::spawn(c, "low priority");
-    low.wait_line("second=1 ", Duration::from_secs(10));
+    let low = saturating_for(&s, "lo", 8, "low priority");
     let file = node_file(&s);
     let uuid = file.file_stem().unwrap().to_str().unwrap().to_owned();
-    let restored = || {
-        common::poll(Duration::from_millis(1500), || {
-            let slots = NodeFile::open(&node_dir(&s), &uuid, false).ok()?.read().ok()?;
-            let now = vgpu_core::clock::now_ns();
-            slots.iter().any(|e| matches!(e, Slot::Used(e) if node::live(e, now))).then_some(())
-        })
-    };
+    let restored = || common::poll(Duration::from_millis(1500), || live_entries(&s, &uuid).filter(|v| !v.is_empty()));
     assert!(restored().is_some(), "no live entry to begin with\n{}", low.text());
     std::fs::remove_file(&file).unwrap();
     assert!(restored().is_some(), "deleted: no valid file with a live entry within 1.5 s\n{}", low.text());
@@ -318,6 +328,28 @@ fn a_node_file_deleted_or_truncated_under_a_running_process_is_restored() {
     let (_, err) = low.finish_both(Duration::from_secs(10));
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("node")).collect();
     assert!(lines.is_empty(), "lines about the node file: {lines:?}");
+}
+
+/// A container's region file deleted under its running process: the process re-attaches to the
+/// file created in its place, where the container's later processes meet it, and its node entry
+/// must follow, or the container has two ids on the GPU and takes turns with itself.
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_container_whose_region_file_is_replaced_keeps_one_id() {
+    let s = Scratch::new("node-region-moved");
+    let first = saturating_for(&s, "lo", 10, "first process");
+    let region = s.dir.join("lo.cache");
+    std::fs::remove_file(&region).unwrap();
+    let back = common::poll(Duration::from_secs(3), || region.exists().then_some(()));
+    assert!(back.is_some(), "the region was not created again within 3 s\n{}", first.text());
+    let second = saturating_for(&s, "lo", 6, "second process");
+    let file = node_file(&s);
+    let uuid = file.file_stem().unwrap().to_str().unwrap().to_owned();
+    let ids = || live_entries(&s, &uuid).map(|v| v.iter().map(|e| e.container).collect::<Vec<_>>());
+    let one = common::poll(Duration::from_secs(4), || ids().filter(|v| v.len() == 2 && v[0] == v[1]));
+    assert!(one.is_some(), "live entries' container ids 4 s after the second process began: {:x?}\n{}\n{}", ids(), first.text(), second.text());
+    second.stop();
+    first.stop();
 }
 
 /// A tenant that lies (claims priority 0 with work declared a minute ahead) holds a

@@ -199,10 +199,11 @@ pub(crate) fn idle(dev: usize, now: u64) {
     }
 }
 
+/// Our container's id: that of the region file we share (a re-attach to a replacement moves it,
+/// with the container's later processes); a private region's process is a container of its own.
 fn container_id(ps: &ProcState) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    match ps.region.path().and_then(|p| std::fs::symlink_metadata(p).ok()).filter(|_| !ps.region.is_private()) {
-        Some(m) => node::container_id(m.dev(), m.ino()),
+    match ps.region.identity() {
+        Some((dev, ino)) => node::container_id(dev, ino),
         None => node::container_id(u64::MAX, ps.pid as u64),
     }
 }
@@ -274,16 +275,20 @@ fn attach_dev(rt: &Runtime, ps: &ProcState, dev: usize, container: u64, now: u64
 }
 
 /// Our node file's path names another file now (deleted by a `/tmp` cleaner or a tenant, or
-/// replaced): claim an entry in the one there (created when absent), as a newcomer would, without
-/// a line; left on the old one we would see no newcomer, nor they us. At most `MAX_REATTACHES`
-/// times per device (each keeps the old file open), then off for this GPU with one line.
-fn reattach(rt: &Runtime, ps: &ProcState, dev: usize, n: &DevNode, now: u64) {
+/// replaced), or our container's id moved (its region file was replaced, and we re-attached to the
+/// new one): give our entry up and claim one, with the id `container`, in the file at the path
+/// (created when absent), as a newcomer would, without a line; left as we were we would see no
+/// newcomer, nor they us, or our container would take turns with itself. At most
+/// `MAX_REATTACHES` times per device (each keeps the old file open), then off for this GPU with
+/// one line.
+fn reattach(rt: &Runtime, ps: &ProcState, dev: usize, n: &DevNode, container: u64, now: u64) {
+    n.file.clear(n.idx);
     detach(dev);
     if REATTACHES[dev].fetch_add(1, Relaxed) >= MAX_REATTACHES {
         vgpu_core::warn!("node file {}: deleted or replaced {MAX_REATTACHES} times; node-level coordination is off for this GPU", n.file.path.display());
         return;
     }
-    attach_dev(rt, ps, dev, n.container, now);
+    attach_dev(rt, ps, dev, container, now);
 }
 
 /// Monitor tick: heartbeat our entries (cap, soft cap, utilization, latest launch), read the
@@ -294,6 +299,7 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
     attach(rt, ps);
     let now = vgpu_core::clock::now_ns();
     let reap = TICKS.fetch_add(1, Relaxed).is_multiple_of(10);
+    let container = reap.then(|| container_id(ps));
     let ndev = ps.devices.len().min(MAX_DEVICES);
     let mut gpus: Vec<(u64, Option<Seen>)> = Vec::with_capacity(ndev);
     for dev in 0..ndev {
@@ -303,8 +309,8 @@ pub(crate) fn refresh(rt: &Runtime, ps: &ProcState, caps: impl Fn(usize) -> (Opt
         if n.pid != my_pid() {
             continue;
         }
-        if reap && n.file.replaced() {
-            reattach(rt, ps, dev, n, now);
+        if let Some(c) = container.filter(|&c| c != n.container || n.file.replaced()) {
+            reattach(rt, ps, dev, n, c, now);
             let Some(again) = dev_node(dev) else { continue };
             n = again;
         }

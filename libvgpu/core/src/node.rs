@@ -736,7 +736,9 @@ impl NodeFile {
         idx < ENTRIES && self.file.write_all_at(&e.encode(), (HEADER_SIZE + idx * ENTRY_SIZE) as u64).is_ok()
     }
 
-    fn zero(&self, idx: usize) {
+    /// Free entry `idx` (ours, or one whose lock byte we took): readers drop it at once. Its lock
+    /// byte stays with whoever holds it.
+    pub fn clear(&self, idx: usize) {
         let _ = self.file.write_all_at(&[0u8; ENTRY_SIZE], (HEADER_SIZE + idx * ENTRY_SIZE) as u64);
     }
 
@@ -751,7 +753,7 @@ impl NodeFile {
             }
             let slots = self.read().inspect_err(|_| lock::unlock(fd, LOCK_ENTRY + idx as i64))?;
             if claimable(&slots[idx], now) {
-                self.zero(idx);
+                self.clear(idx);
                 return Ok(Some(idx));
             }
             lock::unlock(fd, LOCK_ENTRY + idx as i64);
@@ -774,7 +776,7 @@ impl NodeFile {
                 continue;
             }
             if lock::try_lock(fd, true, LOCK_ENTRY + idx as i64).unwrap_or(false) {
-                self.zero(idx);
+                self.clear(idx);
                 lock::unlock(fd, LOCK_ENTRY + idx as i64);
                 n += 1;
             }

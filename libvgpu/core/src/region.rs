@@ -1014,6 +1014,13 @@ impl Region {
         self.path.as_deref()
     }
 
+    /// The (device, inode) of the shared file this handle is attached to now (a re-attach moves
+    /// it); `None` for a private region or a snapshot.
+    pub fn identity(&self) -> Option<(u64, u64)> {
+        self.fd()?;
+        self.keep_lock().ident
+    }
+
     /// True for `private()` and `snapshot()` regions (not shared through a file).
     pub fn is_private(&self) -> bool {
         self.fd().is_none()

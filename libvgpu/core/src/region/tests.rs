@@ -5,7 +5,7 @@ use super::*;
 use proptest::prelude::*;
 use std::io::{BufRead, BufReader, Write};
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
@@ -1174,12 +1174,19 @@ fn unlinked_region_is_reattached_and_keeps_one_cap() {
     let sa = a.register(1).unwrap();
     a.try_reserve(sa, 0, MemKind::Data, 1536 * MIB).unwrap();
     assert!(!a.replaced());
+    let ident = |path: &std::path::Path| std::fs::symlink_metadata(path).map(|m| (m.dev(), m.ino())).ok();
+    let first = a.identity();
+    assert_eq!(first, ident(&p.0));
     std::fs::remove_file(&p.0).unwrap();
     assert!(a.replaced());
+    assert_eq!(a.identity(), first, "still attached to the deleted file");
     assert!(a.reattach_if_replaced().unwrap());
     assert!(!a.replaced());
-    // a newcomer opens the file now at the path and sees a's usage
+    // a newcomer opens the file now at the path and sees a's usage (and the file's identity,
+    // which node-level coordination takes for the container's)
     let b = Region::open(&p.0, &init_with(Some(2 * GIB), None)).unwrap();
+    assert_eq!((a.identity(), b.identity()), (ident(&p.0), ident(&p.0)));
+    assert_eq!(Region::private(&init_with(None, None)).unwrap().identity(), None);
     let sb = b.register(2).unwrap();
     assert_eq!(b.device_used(0), 1536 * MIB);
     assert!(b.try_reserve(sb, 0, MemKind::Data, GIB).is_err(), "two caps after the file was deleted");
