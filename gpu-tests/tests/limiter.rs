@@ -301,9 +301,14 @@ fn streams_share(args: &[&str], seconds: u32) -> (f64, String) {
 fn threads_on_their_own_streams_share_one_cap() {
     // Each thread synchronizes its own stream after every launch. Before the limiter measured
     // kernel time per stream, 2 threads took 0.56 and 4 threads 0.87 of the GPU under a 30% cap.
+    // Measured twice before it fails: a clean-clone CI at 80bb559 read 0.356 for 2 threads once,
+    // where runs here read 0.320-0.324 with that code and with bb6a088's.
     for threads in ["2", "4"] {
-        let (share, out) = streams_share(&["--threads", threads, "--us", "1000"], 4);
-        assert!((share - 0.30).abs() <= 0.05, "{threads} threads under a 30% cap got {share:.3} of their throughput\n{out}");
+        measured_twice(&format!("{threads} threads on their own streams"), || {
+            let (share, out) = streams_share(&["--threads", threads, "--us", "1000"], 4);
+            let ok = (share - 0.30).abs() <= 0.05;
+            ok.then_some(()).ok_or_else(|| format!("{threads} threads under a 30% cap got {share:.3} of their throughput\n{out}"))
+        });
     }
 }
 
@@ -311,8 +316,11 @@ fn threads_on_their_own_streams_share_one_cap() {
 #[serial(mock_gpu_timing)]
 fn async_launches_over_several_streams_share_one_cap() {
     // One thread, round-robin over 4 streams, no synchronize until the end (was 0.79).
-    let (share, out) = streams_share(&["--streams", "4", "--sync-every", "0", "--us", "1000"], 4);
-    assert!((share - 0.30).abs() <= 0.05, "4 async streams under a 30% cap got {share:.3}\n{out}");
+    measured_twice("4 async streams", || {
+        let (share, out) = streams_share(&["--streams", "4", "--sync-every", "0", "--us", "1000"], 4);
+        let ok = (share - 0.30).abs() <= 0.05;
+        ok.then_some(()).ok_or_else(|| format!("4 async streams under a 30% cap got {share:.3}\n{out}"))
+    });
 }
 
 #[test]
