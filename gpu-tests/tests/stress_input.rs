@@ -282,6 +282,21 @@ fn setpriv_ok() -> bool {
     std::process::Command::new("setpriv").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
+/// test_vram_limit (64 MiB steps, at most 1 GiB, capped at 512 MiB) under the hook, through
+/// `setpriv`: as user `as_uid` (`None`: as us), without the DAC capabilities where `drop_caps`.
+fn vram_limit_as(s: &Scratch, as_uid: Option<u32>, drop_caps: bool) -> std::process::Command {
+    let mut c = mock_command(std::path::Path::new("setpriv"), s, true);
+    mock_env(&mut c);
+    if let Some(uid) = as_uid {
+        c.args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups"]);
+    }
+    if drop_caps {
+        c.args(["--inh-caps=-dac_override,-dac_read_search,-fowner", "--bounding-set=-dac_override,-dac_read_search,-fowner"]);
+    }
+    c.arg(artifacts().sample("test_vram_limit")).args(["--step", "64m", "--max", "1g"]).env("CUDA_DEVICE_MEMORY_LIMIT", "512m");
+    c
+}
+
 /// Read-only region file and a region owned by another user. Tests run as root in CI, where
 /// file modes do not bind: the hooked process runs as `nobody` (setpriv), or as root without
 /// CAP_DAC_OVERRIDE. Skips loudly where that is impossible.
@@ -314,17 +329,7 @@ fn read_only_and_foreign_region_files() {
         std::fs::set_permissions(s.mock_state(), std::fs::Permissions::from_mode(0o666)).unwrap();
         std::os::unix::fs::chown(s.region(), Some(owner), Some(owner)).unwrap();
         std::fs::set_permissions(s.region(), std::fs::Permissions::from_mode(mode)).unwrap();
-        let prog = artifacts().sample("test_vram_limit");
-        let mut c = mock_command(std::path::Path::new("setpriv"), &s, true);
-        mock_env(&mut c);
-        if let Some(uid) = as_uid {
-            c.args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups"]);
-        }
-        if drop_caps {
-            c.args(["--inh-caps=-dac_override,-dac_read_search,-fowner", "--bounding-set=-dac_override,-dac_read_search,-fowner"]);
-        }
-        c.arg(&prog).args(["--step", "64m", "--max", "1g"]).env("CUDA_DEVICE_MEMORY_LIMIT", "512m");
-        let d = run_limited(&mut c, Duration::from_secs(30));
+        let d = run_limited(&mut vram_limit_as(&s, as_uid, drop_caps), Duration::from_secs(30));
         if !d.status.success() && d.stderr.contains("setpriv:") {
             println!("SKIPPED {name}: setpriv refused: {}", d.stderr.trim());
             continue;
@@ -338,4 +343,62 @@ fn read_only_and_foreign_region_files() {
     }
     assert!(!done.is_empty(), "no permission case could run");
     report("region_permissions", &[("cases", done.join(",")), ("outcome", "one_line+private+capped+file_untouched".into())]);
+}
+
+/// A node file (`VGPU_NODE_DIR`) this process may not write: mode 000 or another user's 0644, run
+/// as `nobody` (tests run as root in CI, where file modes do not bind) or as root without
+/// CAP_DAC_OVERRIDE. Exactly one line, node-level coordination off, the program capped as ever,
+/// the file untouched. Skips loudly where that is impossible.
+#[test]
+#[ignore = "run by ci/stress.sh"]
+fn node_files_this_process_may_not_write() {
+    if !setpriv_ok() {
+        println!("SKIPPED node_files_this_process_may_not_write: setpriv not available");
+        report("node_permissions", &[("skipped", "no_setpriv".into())]);
+        return;
+    }
+    let me = unsafe { libc::geteuid() };
+    // (name, file owner uid, mode, run as uid (None = same as us), drop DAC caps)
+    let cases: Vec<(&str, u32, u32, Option<u32>, bool)> = if me == 0 {
+        vec![
+            ("0000_as_nobody", 0, 0o000, Some(65534), false),
+            ("0644_root_owned_as_nobody", 0, 0o644, Some(65534), false),
+            ("0000_as_root_without_cap_dac_override", 0, 0o000, None, true),
+        ]
+    } else {
+        vec![("0444_as_self", me, 0o444, None, false)]
+    };
+    let mut done = Vec::new();
+    for (name, owner, mode, as_uid, drop_caps) in cases {
+        let s = Scratch::new("st-node-perm");
+        std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir = s.dir.join("vgpulock");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir_env = dir.to_str().unwrap().to_owned();
+        // A first process (as us) makes the node file; the other user makes its own region.
+        run_with(&s, &[("CUDA_DEVICE_MEMORY_LIMIT", "512m"), ("VGPU_NODE_DIR", &dir_env)]);
+        let file = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "node")).expect("a node file");
+        std::fs::remove_file(s.region()).unwrap();
+        std::fs::set_permissions(s.mock_state(), std::fs::Permissions::from_mode(0o666)).unwrap();
+        std::os::unix::fs::chown(&file, Some(owner), Some(owner)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let before = std::fs::read(&file).unwrap();
+        let mut c = vram_limit_as(&s, as_uid, drop_caps);
+        c.env("VGPU_NODE_DIR", &dir_env);
+        let d = run_limited(&mut c, Duration::from_secs(30));
+        if !d.status.success() && d.stderr.contains("setpriv:") {
+            println!("SKIPPED {name}: setpriv refused: {}", d.stderr.trim());
+            continue;
+        }
+        assert!(d.status.success(), "{name}: {}\n{}\n{}", d.status, d.stdout, d.stderr);
+        let ours: Vec<&str> = d.stderr.lines().filter(|l| l.contains("libvgpu")).collect();
+        assert!(ours.len() == 1 && ours[0].contains("node file") && ours[0].contains("off"), "{name}: expected one line about the node file:\n{}", d.stderr);
+        assert_eq!(num(&d.stdout, "allocated_bytes"), 512 * MIB - CTX, "{name}: not capped: {}", d.stdout);
+        assert_eq!(std::fs::read(&file).unwrap(), before, "{name}: the node file was modified");
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o7777, mode, "{name}: the node file's mode changed");
+        done.push(name);
+    }
+    assert!(!done.is_empty(), "no permission case could run");
+    report("node_permissions", &[("cases", done.join(",")), ("outcome", "one_line+coordination_off+capped+file_untouched".into())]);
 }
