@@ -553,6 +553,24 @@ fn host_paced_kernels_of_20_us_and_less_keep_their_speed() {
     }
 }
 
+/// Two threads, each launching short kernels of random length (5-60 us) on its own stream with
+/// 30 us of host time after each, never synchronized: the kernels queue, and the mock runs the
+/// two threads' kernels side by side (uncapped 100% busy with about two kernels at a time). Under
+/// a cap of 25 NVML reads the cap, but the kernels overlap less than uncapped: 0.187-0.188 of the
+/// uncapped throughput for 0.25 (0.224 once), at bb6a088 and after the paced rule alike (found in
+/// session 39).
+#[test]
+#[serial(mock_gpu_timing)]
+#[ignore = "KNOWN FAILURE (mock; not seen on a GPU): two threads of queued short kernels keep 0.75 of their want under a cap of 25 (NVML on the cap); run with --ignored"]
+fn two_threads_of_queued_short_kernels_keep_their_overlap() {
+    let args = ["--threads", "2", "--us", "5", "--us-max", "60", "--gap-us", "30", "--sync-every", "0", "--progress"];
+    let (u0, base) = nvml_mean_under(&args, &H200_EVENT_COST);
+    let capped: Vec<_> = H200_EVENT_COST.iter().copied().chain([("CUDA_DEVICE_SM_LIMIT", "25")]).collect();
+    let (got, out) = nvml_mean_under(&args, &capped);
+    let (share, want) = (steady_rate(&out) / steady_rate(&base), (25.0 / u0).min(1.0));
+    assert!((got - u0.min(25.0)).abs() <= 3.0 && (share / want - 1.0).abs() <= 0.05, "NVML {got:.1}% (uncapped {u0:.1}%), {share:.3} of the uncapped throughput (want {want:.3})\n{out}\nuncapped:\n{base}");
+}
+
 #[test]
 #[serial(mock_gpu_timing)]
 fn the_cap_holds_when_the_gpu_timer_runs_slow() {
