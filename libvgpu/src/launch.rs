@@ -502,7 +502,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
             }
             // About to wait: an event now ends the stream's launches without one where they
             // end, not after the wait (spaced events would stretch their interval over it).
-            Step::Wait(_) if g.meter.wants_flush_event(key, now) => {
+            Step::Wait(_) if g.meter.wants_flush_event(key) => {
                 if let Some(ev) = g.events.ctx_index(ctx).and_then(|c| g.events.record(c, record_on, false)) {
                     g.meter.flushed(key, ev, now);
                 }
@@ -620,14 +620,12 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                     let m = &g.meter;
                     let s = m.stats;
                     vgpu_core::debug!(
-                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} closed_paced={} closed_paced_ms={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
+                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
                         s.batches,
                         s.clipped,
                         s.clipped_ns / 1_000_000,
                         s.closed_at_sync,
                         s.closed_at_sync_ns / 1_000_000,
-                        s.closed_paced,
-                        s.closed_paced_ns / 1_000_000,
                         s.waits_queue,
                         s.waits_budget,
                         s.beside_queued,

@@ -113,6 +113,9 @@ pub const IDLE_START_SPACING_NS: u64 = 5_000_000;
 /// record every sixth launch and a query for it: an H100 ran an empty kernel and synchronize
 /// 1.064 times as long as the driver alone under a cap of 75, 1.043 at this spacing.
 pub const SYNCED_EVENT_SPACING_NS: u64 = 1_000_000;
+/// How long after the budget last held a launch of this process back its host-paced streams
+/// keep an end event per launch.
+pub const HELD_RECENTLY_NS: u64 = 1_000_000_000;
 /// A start latency sample above the learned one raises it by this fraction of the difference.
 const LAT_RISE_DIV: u64 = 16;
 /// Most host time counted between a start event's record and its launch's submission
@@ -138,8 +141,7 @@ pub const BESIDE_DEBT_NS: i64 = DEBT_SLEEP_NS + super::BURST_NS;
 const SLOWDOWN_DEADBAND_MILLI: u64 = 1_150;
 
 struct Submitted<E> {
-    /// `None`: closed without an event (`StreamTrack::close_paced`), at `clip_ns` from its start.
-    ev: Option<E>,
+    ev: E,
     /// Event recorded just before the first launch when the stream was idle: its time is when
     /// the GPU reached the launch (submit time plus the driver's launch latency).
     start_ev: Option<E>,
@@ -169,9 +171,8 @@ struct StreamTrack<E> {
     /// What the pending launches of a learned kind were thought to take, and how many others.
     pending_value_ns: u64,
     pending_unvalued: u64,
-    /// Launches without an event: folded into the next event, closed at what they are thought to
-    /// take once the host paced the next launch after them (`close_paced`), or charged up to the
-    /// next synchronize; their kinds and what they are thought to take.
+    /// Launches whose event could not be recorded: folded into the next event, or charged up to
+    /// the next synchronize; their kinds and what they are thought to take.
     unevented: u32,
     unevented_bag: Bag,
     unevented_value_ns: u64,
@@ -255,34 +256,16 @@ impl<E: Copy> StreamTrack<E> {
         }
     }
 
-    /// Is a launch at `now` paced by the host: was everything queued on the stream thought done
-    /// before it was submitted (so the GPU idles between them)? Then the launches without an
-    /// event are closed at what they are thought to take (`close_paced`), and the stream gets an
-    /// end event at most every `SYNCED_EVENT_SPACING_NS`, to keep that estimate current.
-    /// Spaced `EVENT_SPACING_NS` apart, one event covered several such launches and the host's
-    /// gaps between them: on an H200, under a cap of 25, kernels of 5-20 us submitted every
-    /// 25-70 us read 11-19% by NVML for 33.5% measured, at 0.37-0.44 of their speed. An end
-    /// event after each (while the budget held them) measured them right but kept 0.82-0.95 of
-    /// their speed, a start and an end event around each 0.61-0.76: each event costs the host
-    /// a record and a query, and NVML counts it as busy time.
-    fn paced(&self, now: u64) -> bool {
-        !self.synced_idle && self.last_launch_ns != 0 && self.queued_end().is_none_or(|e| now >= e)
-    }
-
-    /// What the launches without an event are thought to take.
-    fn unevented_value_ns(&self) -> u64 {
-        self.unevented_value_ns.saturating_add((self.unevented_unvalued as u64).saturating_mul(self.est_ns))
-    }
-
-    /// The host paced a launch after the launches without an event: they ended at what they
-    /// are thought to take from their start, in order behind what is pending on the stream
-    /// (charged when it reaches the head, `Meter::poll`). Returns how many it closed.
-    fn close_paced(&mut self) -> u32 {
-        let (launches, value) = (self.unevented, self.unevented_value_ns());
-        if launches > 0 {
-            self.push_unevented(None, None, 0, Some(value));
-        }
-        launches
+    /// Is a launch at `now` paced by the host (its previous launch had time to end before it was
+    /// submitted, so the GPU idles between them) while the budget holds the process back (`held`,
+    /// `Meter::held_recently`)? Each such launch gets an end event. Spaced `EVENT_SPACING_NS`
+    /// apart, one event covered several such launches and the host's gaps between them, and so
+    /// did the event recorded when the next launch was held: on an H200, under a cap of 25,
+    /// kernels of 5-20 us submitted every 25-70 us read 11-19% by NVML for 33.5% measured, at
+    /// 0.37-0.44 of their speed. A start and an end event around each (the first try) measured
+    /// them right but cost 0.61-0.76 of the speed: each event is host time and NVML busy time.
+    fn paced(&self, held: bool, now: u64) -> bool {
+        held && !self.synced_idle && self.last_launch_ns != 0 && now.saturating_sub(self.last_launch_ns) >= self.est_ns
     }
 
     /// Fold a measured interval of `launches` launches into the estimates. The per-launch
@@ -404,7 +387,7 @@ impl<E: Copy> StreamTrack<E> {
     }
 
     /// The launches without an event get `ev`: they become one pending batch.
-    fn push_unevented(&mut self, ev: Option<E>, start_ev: Option<E>, start_gap_ns: u64, clip_ns: Option<u64>) {
+    fn push_unevented(&mut self, ev: E, start_ev: Option<E>, start_gap_ns: u64, clip_ns: Option<u64>) {
         let (submit_ns, last_submit_ns) = (self.unevented_since_ns, self.unevented_last_ns);
         let (launches, bag, value_ns, unvalued) = self.take_unevented();
         let s = Submitted { ev, start_ev, start_gap_ns, submit_ns, launches, bag, value_ns, unvalued, last_submit_ns, clip_ns };
@@ -466,10 +449,6 @@ pub struct MeterStats {
     /// Launches without an event charged at a synchronize, and the time charged for them.
     pub closed_at_sync: u64,
     pub closed_at_sync_ns: u64,
-    /// Launches without an event closed at their estimate once the host paced the next one
-    /// (`StreamTrack::close_paced`), and the time charged for them.
-    pub closed_paced: u64,
-    pub closed_paced_ns: u64,
     /// Gate steps that said wait: for the queue bound, for the budget.
     pub waits_queue: u64,
     pub waits_budget: u64,
@@ -500,6 +479,8 @@ pub struct Meter<E: Copy> {
     /// turns with other containers: its part of the period (`node::Turn`). `None`:
     /// `save_ns(cap)`.
     pub burst_ns: Option<i64>,
+    /// When the budget last made a launch of this process wait (0 = never).
+    held_ns: u64,
     pub stats: MeterStats,
 }
 
@@ -515,6 +496,7 @@ impl<E: Copy> Default for Meter<E> {
             owner: 1,
             queue_bound_ns: None,
             burst_ns: None,
+            held_ns: 0,
             stats: MeterStats::default(),
         }
     }
@@ -576,8 +558,7 @@ impl<E: Copy> Meter<E> {
         let (contended, owner) = (self.contended, self.owner);
         for st in &mut self.streams {
             while let Some(head) = st.pending.front() {
-                // Closed without an event: it ended its `clip_ns` after its start, not past now.
-                let state = head.ev.map_or(EventState::Done(now), |ev| evs.poll(ev));
+                let state = evs.poll(head.ev);
                 if state == EventState::Pending {
                     break;
                 }
@@ -585,9 +566,7 @@ impl<E: Copy> Meter<E> {
                 st.pending_launches -= head.launches as u64;
                 st.pending_value_ns = st.pending_value_ns.saturating_sub(head.value_ns);
                 st.pending_unvalued = st.pending_unvalued.saturating_sub(head.unvalued as u64);
-                if let Some(ev) = head.ev {
-                    evs.release(ev);
-                }
+                evs.release(head.ev);
                 let began = match head.start_ev {
                     Some(se) => {
                         let s = evs.poll(se);
@@ -596,9 +575,7 @@ impl<E: Copy> Meter<E> {
                             EventState::Done(t) => {
                                 let t = t + head.start_gap_ns;
                                 st.learn_start_latency(t.saturating_sub(head.submit_ns));
-                                // As late as the floor of the samples, no later: a sample errs
-                                // only high, and this launch may be the one an end event measures.
-                                t.min(head.submit_ns.saturating_add(st.start_lat_ns))
+                                t
                             }
                             _ => head.submit_ns,
                         }
@@ -612,14 +589,10 @@ impl<E: Copy> Meter<E> {
                 let start = st.last_end_ns.max(began);
                 let end = t.max(start);
                 let clipped = head.clip_ns.map_or(end, |c| end.min(start.saturating_add(c)));
-                if head.ev.is_none() {
-                    self.stats.closed_paced_ns += clipped - start;
-                } else {
-                    self.stats.batches += 1;
-                    if clipped < end {
-                        self.stats.clipped += 1;
-                        self.stats.clipped_ns += end - clipped;
-                    }
+                self.stats.batches += 1;
+                if clipped < end {
+                    self.stats.clipped += 1;
+                    self.stats.clipped_ns += end - clipped;
                 }
                 let end = clipped;
                 st.last_end_ns = end;
@@ -724,6 +697,7 @@ impl<E: Copy> Meter<E> {
             }
             if now < closed {
                 self.stats.waits_budget += 1;
+                self.held_ns = now;
                 return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
             }
         }
@@ -735,6 +709,7 @@ impl<E: Copy> Meter<E> {
             return Step::Go;
         }
         self.stats.waits_budget += 1;
+        self.held_ns = now;
         let until = now + closure_ns(balance, cap);
         bucket.s.closed_until_ns.fetch_max(closure_word(until, cap), Relaxed);
         Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
@@ -781,20 +756,29 @@ impl<E: Copy> Meter<E> {
     pub fn start_event(&self, key: StreamKey, now: u64) -> StartEvent {
         let Some(s) = self.streams.iter().find(|s| s.key == key) else { return StartEvent { wanted: true, idle: true } };
         let idle = s.pending.is_empty() && s.unevented == 0;
-        // Launches without an event, then a pause: the event also closes their interval (unless
-        // they are thought done by now: then they are closed at that, `close_paced`).
-        let paused = s.unevented > 0 && now.saturating_sub(s.unevented_last_ns) >= EVENT_SPACING_NS && !s.paced(now);
+        // Launches without an event, then a pause: the event also closes their interval.
+        let paused = s.unevented > 0 && now.saturating_sub(s.unevented_last_ns) >= EVENT_SPACING_NS;
         StartEvent { wanted: (idle && now.saturating_sub(s.started_ns) >= IDLE_START_SPACING_NS) || paused, idle }
+    }
+
+    /// Did the budget make a launch of this process wait within `HELD_RECENTLY_NS` of `now`?
+    fn held_recently(&self, now: u64) -> bool {
+        self.held_ns != 0 && now.saturating_sub(self.held_ns) < HELD_RECENTLY_NS
     }
 
     /// Does the launch just made on `key` get a timing event after it? At most one per
     /// `EVENT_SPACING_NS` per stream; the launches in between share the next one. A short launch
-    /// right after a synchronize, or one the host paced (`StreamTrack::paced`), at most one per
-    /// `SYNCED_EVENT_SPACING_NS`: the synchronize or the next paced launch closes those without.
+    /// right after a synchronize, at most one per `SYNCED_EVENT_SPACING_NS`. Every launch the
+    /// host paced (submitted at least its stream's estimate after the one before) while the
+    /// budget holds the process back: its event ends its interval before the host's next gap.
     pub fn wants_end_event(&self, key: StreamKey, now: u64) -> bool {
         self.streams.iter().find(|s| s.key == key).is_none_or(|s| {
-            let sparse = (s.synced_idle && s.est_ns < EVENT_SPACING_NS) || s.paced(now);
-            now.saturating_sub(s.recorded_ns) >= if sparse { SYNCED_EVENT_SPACING_NS } else { EVENT_SPACING_NS }
+            let synced_short = s.synced_idle && s.est_ns < EVENT_SPACING_NS;
+            let since = now.saturating_sub(s.recorded_ns);
+            if since >= if synced_short { SYNCED_EVENT_SPACING_NS } else { EVENT_SPACING_NS } {
+                return true;
+            }
+            s.paced(self.held_recently(now), now)
         })
     }
     /// A launch on `key` was submitted at `submit_ns` and succeeded; `ev` is the timing event
@@ -808,20 +792,16 @@ impl<E: Copy> Meter<E> {
     pub fn launched_kind(&mut self, key: StreamKey, kind: u64, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {
         self.launches += 1;
         let i = self.track(key, submit_ns);
+        let held = self.held_recently(submit_ns);
         let st = &mut self.streams[i];
-        // Everything queued before it was thought done: it starts the idle stream.
-        let paced = st.paced(submit_ns);
         let mut start_ev = start_ev;
-        if start_ev.is_none() && paced {
-            self.stats.closed_paced += st.close_paced() as u64;
-        }
         if let (Some(se), true) = (start_ev, st.unevented > 0) {
             // Launches without an event came before (then a pause): the event recorded before
             // this launch ends their interval, clipped to their estimated time (the stream may
             // have gone idle during the pause; if it was still busy, this launch's interval,
             // which starts at its submission, covers the rest).
             let clip = (st.unevented as u64).saturating_mul(st.est_ns);
-            st.push_unevented(Some(se), None, 0, Some(clip));
+            st.push_unevented(se, None, 0, Some(clip));
             st.recorded_ns = submit_ns;
             start_ev = None;
         }
@@ -831,7 +811,7 @@ impl<E: Copy> Meter<E> {
         if st.unevented == 0 {
             // Starting the idle stream without a start event: it begins about when one would have.
             // A launch the host paced finds its stream's earlier work done, seen or not.
-            let idle = start_ev.is_none() && (st.pending.is_empty() || paced);
+            let idle = start_ev.is_none() && (st.pending.is_empty() || st.paced(held, submit_ns));
             st.unevented_since_ns = submit_ns + if idle { st.start_lat_ns } else { 0 };
         }
         st.add_unevented(kind, (kind != 0).then(|| self.kinds.get(kind)).flatten());
@@ -843,7 +823,7 @@ impl<E: Copy> Meter<E> {
             Some(ev) => {
                 st.recorded_ns = submit_ns;
                 let gap = start_ev.and_then(|se| evs.recorded_ns(se)).map_or(0, |r| submit_ns.saturating_sub(r));
-                st.push_unevented(Some(ev), start_ev, gap.min(START_GAP_MAX_NS), None);
+                st.push_unevented(ev, start_ev, gap.min(START_GAP_MAX_NS), None);
             }
             None => {
                 if let Some(se) = start_ev {
@@ -853,23 +833,17 @@ impl<E: Copy> Meter<E> {
         }
     }
 
-    /// A launch on `key` is about to wait at `now`: do launches without an event sit on that
-    /// stream, maybe still running? Then the glue records an event now (`flushed`), so their
-    /// interval ends where they do, not after the wait. Those thought done by now are closed at
-    /// that instead (`StreamTrack::close_paced`): an event would cost the host a record.
-    pub fn wants_flush_event(&mut self, key: StreamKey, now: u64) -> bool {
-        let Some(st) = self.streams.iter_mut().find(|s| s.key == key && s.unevented > 0) else { return false };
-        if st.paced(now) {
-            self.stats.closed_paced += st.close_paced() as u64;
-            return false;
-        }
-        true
+    /// A launch on `key` is about to wait: do launches without an event sit on that stream?
+    /// Then the glue records an event now (`flushed`), so their interval ends where they do,
+    /// not after the wait.
+    pub fn wants_flush_event(&self, key: StreamKey) -> bool {
+        self.streams.iter().any(|s| s.key == key && s.unevented > 0)
     }
 
     /// The event recorded on `key` at `now` for the launches without one (`wants_flush_event`).
     pub fn flushed(&mut self, key: StreamKey, ev: E, now: u64) {
         let Some(st) = self.streams.iter_mut().find(|s| s.key == key && s.unevented > 0) else { return };
-        st.push_unevented(Some(ev), None, 0, None);
+        st.push_unevented(ev, None, 0, None);
         st.recorded_ns = now;
     }
 
@@ -877,9 +851,7 @@ impl<E: Copy> Meter<E> {
     pub fn clear(&mut self, evs: &mut impl Events<Ev = E>) {
         for st in self.streams.drain(..) {
             for p in st.pending {
-                if let Some(ev) = p.ev {
-                    evs.release(ev);
-                }
+                evs.release(p.ev);
                 if let Some(se) = p.start_ev {
                     evs.release(se);
                 }
@@ -1212,7 +1184,7 @@ mod tests {
             let t = t0 + k * 50_000;
             // Held, a launch first waits: an event then ends the launches without one (on the
             // idle stream it completes at once, after the host's gap).
-            if held && meter.wants_flush_event(1, t - 5_000) {
+            if held && meter.wants_flush_event(1) {
                 let ev = record(evs, t - 4_000);
                 meter.flushed(1, ev, t - 5_000);
             }
@@ -1248,22 +1220,22 @@ mod tests {
     }
 
     #[test]
-    fn host_paced_launches_are_charged_their_gpu_time_with_few_events() {
-        // Each launch is done before the host submits the next: the next closes it at its
-        // estimate, held by the budget or not, and an end event at most every
-        // SYNCED_EVENT_SPACING_NS keeps the estimate current. Spaced EVENT_SPACING_NS apart,
-        // events spanned the host's gaps (40 launches of 10 us charged about twice that); one
-        // after each launch cost an H200 0.05-0.18 of the speed of such kernels.
+    fn host_paced_launches_get_an_end_event_each_while_the_budget_holds() {
         let (s, m, mut evs, mut meter) = fixture();
         let b = Bucket::new(&s, &m);
         let mut next = 100;
+        // Spaced events span the host's gaps: 40 launches of 10 us charged about twice that.
         paced_launches(&mut meter, &mut evs, &b, T0, false, &mut next);
-        let (free, free_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 10 * MS, false, &mut next);
-        assert!((400_000..=410_000).contains(&free) && free_events <= 5, "not held: {free} ns in {free_events} events");
+        let (spaced, spaced_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 10 * MS, false, &mut next);
+        assert!(spaced >= 800_000 && spaced_events <= 25, "not held: {spaced} ns in {spaced_events} events");
+        // Held by the budget: an end event after each launch, each charged its 10 us (from its
+        // submission plus the start latency the start events showed).
         close_with_debt(&mut meter, &mut evs, &b, 30, 20 * MS as i64, T0 + 20 * MS);
         let (held, held_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 21 * MS, true, &mut next);
-        assert!((400_000..=410_000).contains(&held) && held_events <= 5, "held: {held} ns in {held_events} events");
-        assert!(meter.stats.closed_paced >= 70, "{:?}", meter.stats);
+        assert!((400_000..=410_000).contains(&held) && held_events >= 40, "held: {held} ns in {held_events} events");
+        // A second after the last hold, spaced events again (each event costs the host a record).
+        let (_, later_events) = paced_launches(&mut meter, &mut evs, &b, T0 + 20 * MS + HELD_RECENTLY_NS, false, &mut next);
+        assert!(later_events <= 25, "{later_events} events a second after the hold");
     }
 
     #[test]
@@ -1359,29 +1331,15 @@ mod tests {
         let b = Bucket::new(&s, &m);
         meter.launched(1, None, Some(1), T0, &mut evs);
         meter.launched(1, None, None, T0 + 10_000, &mut evs);
-        assert!(meter.wants_flush_event(1, T0 + 20_000) && !meter.wants_flush_event(2, T0 + 20_000));
+        assert!(meter.wants_flush_event(1) && !meter.wants_flush_event(2));
         meter.flushed(1, 2, T0 + 20_000);
-        assert!(!meter.wants_flush_event(1, T0 + 20_000));
+        assert!(!meter.wants_flush_event(1));
         assert_eq!(meter.pending_launches(), 2);
         evs.states.insert(1, EventState::Done(T0 + 300_000));
         evs.states.insert(2, EventState::Done(T0 + 600_000));
         // The wait lasts 5 ms; the next launch's interval must not include it.
         meter.poll(&mut evs, &b, T0 + 5 * MS);
         assert_eq!(meter.charged_total_ns, 600_000);
-        // Launches thought done by the time of the wait (300 us each, as measured) are closed at
-        // that, without an event, in order behind what is still pending on the stream.
-        let t = T0 + 10 * MS;
-        meter.launched(1, None, Some(3), t, &mut evs);
-        meter.launched(1, None, None, t + 10_000, &mut evs);
-        assert!(meter.wants_flush_event(1, t + 400_000), "the second is thought to run until 600 us");
-        assert!(!meter.wants_flush_event(1, t + 700_000));
-        assert_eq!((meter.pending_launches(), meter.stats.closed_paced), (2, 1));
-        meter.poll(&mut evs, &b, t + 800_000);
-        assert_eq!(meter.charged_total_ns, 600_000, "nothing charged before the event ahead completes");
-        evs.states.insert(3, EventState::Done(t + 300_000));
-        meter.poll(&mut evs, &b, t + 800_000);
-        assert_eq!(meter.charged_total_ns, 1_200_000);
-        assert_eq!(evs.released, vec![1, 2, 3]);
     }
 
     #[test]
@@ -1774,5 +1732,172 @@ mod tests {
         let mut clk = Virt { now: T0 };
         assert_eq!(hold_for(&mut clk, 0, |_| Step::Wait(MAX_WAIT_NS)), 0, "nothing left: the launch goes");
         assert_eq!(hold_for(&mut clk, 0, |_| Step::Go), 0);
+    }
+}
+
+#[cfg(test)]
+/// Shapes a host-paced close at the stream's estimate got wrong (a hostile review of 0beea06,
+/// reverted in session 39; each failed there and passes here): launches of different lengths on
+/// one stream, a model GPU running each stream in order, charges against its real busy time.
+mod paced_shapes {
+    use super::*;
+    use crate::limiter::{BusyMap, SharedDeviceState};
+    use std::collections::HashMap;
+
+    pub const T0: u64 = 1_000_000_000_000;
+    pub const US: u64 = 1_000;
+    pub const MS: u64 = 1_000_000;
+    pub const LAT: u64 = 3_000;
+
+    /// A GPU model: one in-order queue per stream; events complete when the GPU reaches them and
+    /// are seen only once the poll's `now` is past that.
+    #[derive(Default)]
+    pub struct Gpu {
+        pub done: HashMap<u32, u64>,
+        pub lost: Vec<u32>,
+        pub now: u64,
+        pub released: Vec<u32>,
+        pub next: u32,
+        pub tail: HashMap<u64, u64>,
+        pub busy: Vec<(u64, u64)>,
+    }
+    impl Events for Gpu {
+        type Ev = u32;
+        fn poll(&mut self, ev: u32) -> EventState {
+            if self.lost.contains(&ev) {
+                return EventState::Lost;
+            }
+            match self.done.get(&ev) {
+                Some(&t) if t <= self.now => EventState::Done(t),
+                _ => EventState::Pending,
+            }
+        }
+        fn release(&mut self, ev: u32) {
+            assert!(!self.released.contains(&ev), "event {ev} released twice");
+            self.released.push(ev);
+        }
+    }
+    impl Gpu {
+        fn record(&mut self, key: u64, at: u64) -> u32 {
+            self.next += 1;
+            let t = self.tail.get(&key).copied().unwrap_or(0).max(at + LAT);
+            self.done.insert(self.next, t);
+            self.next
+        }
+        /// The union of the kernels' busy time.
+        pub fn union(&self) -> u64 {
+            let mut v = self.busy.clone();
+            v.sort();
+            let (mut total, mut cur) = (0u64, (0u64, 0u64));
+            for (s, e) in v {
+                if s > cur.1 {
+                    total += cur.1 - cur.0;
+                    cur = (s, e);
+                } else {
+                    cur.1 = cur.1.max(e);
+                }
+            }
+            total + cur.1 - cur.0
+        }
+        pub fn all_done(&self) -> u64 {
+            self.tail.values().copied().max().unwrap_or(0)
+        }
+    }
+
+    /// One launch as the glue makes it (uncapped gate polls, start event, end event), of a
+    /// kernel running `dur` on `key`; `extra_wait` delays the kernel's start (ungated work ahead).
+    pub fn launch(meter: &mut Meter<u32>, gpu: &mut Gpu, b: &Bucket<'_>, key: u64, kind: u64, t: u64, dur: u64) {
+        gpu.now = t;
+        assert_eq!(meter.gate(gpu, b, None, key, t), Step::Go);
+        let se = meter.start_event(key, t).wanted.then(|| gpu.record(key, t));
+        let begin = gpu.tail.get(&key).copied().unwrap_or(0).max(t + LAT);
+        gpu.tail.insert(key, begin + dur);
+        gpu.busy.push((begin, begin + dur));
+        let ev = (se.is_some() || meter.wants_end_event(key, t)).then(|| gpu.record(key, t));
+        meter.launched_kind(key, kind, se, ev, t, gpu);
+    }
+
+    pub fn finish(meter: &mut Meter<u32>, gpu: &mut Gpu, b: &Bucket<'_>) {
+        let now = gpu.all_done() + MS;
+        gpu.now = now;
+        meter.synced(gpu, b, now);
+        assert_eq!(meter.pending_launches(), 0);
+    }
+
+    /// A warm stream of 10 us kernels paced every 50 us for 10 ms.
+    pub fn warm(meter: &mut Meter<u32>, gpu: &mut Gpu, b: &Bucket<'_>, key: u64, t0: u64) -> u64 {
+        for k in 0..200 {
+            launch(meter, gpu, b, key, 0, t0 + k * 50 * US, 10 * US);
+        }
+        t0 + 200 * 50 * US
+    }
+
+    /// 300 us kernels and 10 us ones alternating, each submitted after the one before ended.
+    fn alternating_ratio(long_kind: impl Fn(u64) -> u64) -> f64 {
+        let (s, m) = (SharedDeviceState::default(), BusyMap::default());
+        let b = Bucket::new(&s, &m);
+        let (mut gpu, mut meter) = (Gpu::default(), Meter::<u32>::default());
+        let t0 = warm(&mut meter, &mut gpu, &b, 1, T0);
+        let (c0, u0) = (meter.charged_total_ns, gpu.union());
+        for c in 0..300 {
+            let t = t0 + c * 650 * US;
+            launch(&mut meter, &mut gpu, &b, 1, long_kind(c), t, 300 * US);
+            launch(&mut meter, &mut gpu, &b, 1, 8, t + 400 * US, 10 * US);
+        }
+        finish(&mut meter, &mut gpu, &b);
+        (meter.charged_total_ns - c0) as f64 / (gpu.union() - u0) as f64
+    }
+
+    #[test]
+    fn paced_long_kernels_of_an_unknown_kind_are_charged_their_length() {
+        let r = alternating_ratio(|_| 0); // cuMemcpyAsync / cuMemsetAsync / cuLaunch: kind 0
+        assert!(r >= 0.9, "kind 0: charged {r:.3} of the GPU time");
+    }
+
+    #[test]
+    fn paced_long_kernels_of_fresh_kinds_are_charged_their_length() {
+        let r = alternating_ratio(|c| 1000 + c); // a GEMM whose grid follows the input's shape
+        assert!(r >= 0.9, "fresh kinds: charged {r:.3} of the GPU time");
+    }
+
+    #[test]
+    fn paced_short_kernels_after_a_long_one_are_not_charged_its_length() {
+        // Every 3.55 ms: a 300 us kernel, then ten 10 us kernels 150 us apart (kind 0).
+        let (s, m) = (SharedDeviceState::default(), BusyMap::default());
+        let b = Bucket::new(&s, &m);
+        let (mut gpu, mut meter) = (Gpu::default(), Meter::<u32>::default());
+        let t0 = warm(&mut meter, &mut gpu, &b, 1, T0);
+        let (c0, u0) = (meter.charged_total_ns, gpu.union());
+        for c in 0..56 {
+            let t = t0 + c * 3550 * US;
+            launch(&mut meter, &mut gpu, &b, 1, 0, t, 300 * US);
+            for k in 1..=10 {
+                launch(&mut meter, &mut gpu, &b, 1, 0, t + k * 150 * US, 10 * US);
+            }
+        }
+        finish(&mut meter, &mut gpu, &b);
+        let (charged, real) = (meter.charged_total_ns - c0, gpu.union() - u0);
+        assert!(charged * 10 <= real * 12, "charged {charged} ns for {real} ns of kernels");
+    }
+
+    #[test]
+    fn a_launch_the_gpu_reached_late_is_not_charged_the_wait() {
+        // The start latency learned at 3 us; then a launch whose stream first waits 1 ms (a
+        // cuStreamWaitEvent on another context's work, or another tenant's time slice): its
+        // start event completes 1 ms after submission, its 100 us kernel after that.
+        let (s, m) = (SharedDeviceState::default(), BusyMap::default());
+        let b = Bucket::new(&s, &m);
+        let (mut gpu, mut meter) = (Gpu::default(), Meter::<u32>::default());
+        warm(&mut meter, &mut gpu, &b, 1, T0);
+        finish(&mut meter, &mut gpu, &b);
+        let t = gpu.now + 10 * MS;
+        let c0 = meter.charged_total_ns;
+        gpu.done.insert(9001, t + MS);
+        gpu.done.insert(9002, t + MS + 100 * US);
+        meter.launched(1, Some(9001), Some(9002), t, &mut gpu);
+        gpu.now = t + 2 * MS;
+        meter.poll(&mut gpu, &b, t + 2 * MS);
+        let charged = meter.charged_total_ns - c0;
+        assert!(charged <= 110 * US, "charged {charged} ns for a 100 us kernel");
     }
 }

@@ -355,7 +355,7 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
         match p.meter.gate(&mut p.evs, bucket, cap, key, now) {
             Step::Wait(ns) => {
                 // Like the glue: an event now closes the launches without one.
-                if p.meter.wants_flush_event(key, now) {
+                if p.meter.wants_flush_event(key) {
                     let ev = w.borrow_mut().record(key, th.proc, now + LAUNCH_LATENCY_NS);
                     p.meter.flushed(key, ev, now);
                 }
