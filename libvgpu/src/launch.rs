@@ -564,7 +564,7 @@ fn gated_after(t: Gated, result: i32) {
         return;
     }
     // A start event needs its end event; otherwise one event per `EVENT_SPACING_NS`.
-    let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.submit_ns) { g.events.record(t.ctx, t.record_on, false) } else { None };
+    let ev = if t.start_ev.is_some() || g.meter.wants_end_event(t.key, t.kind, t.submit_ns) { g.events.record(t.ctx, t.record_on, false) } else { None };
     g.meter.launched_kind(t.key, t.kind, t.start_ev, ev, t.submit_ns, &mut g.events);
     g.events.settle();
     // The queue estimate walks every stream: only when the node file wants it.

@@ -78,6 +78,9 @@ struct Slot {
     est_ns: u64,
     /// When a back-to-back batch last taught it.
     backlogged_ns: u64,
+    /// `est_ns` came from intervals of its GPU time alone (`KindTable::learn`'s `tight`): a
+    /// host-paced launch of it may be charged that without an event.
+    tight: bool,
 }
 
 impl Default for KindTable {
@@ -96,15 +99,20 @@ impl KindTable {
         self.slot(kind).map(|s| s.est_ns)
     }
 
+    /// What a launch of `kind` takes, if learned from intervals of GPU time alone (`learn`).
+    pub fn get_tight(&self, kind: u64) -> Option<u64> {
+        self.slot(kind).filter(|s| s.tight).map(|s| s.est_ns)
+    }
+
     fn slot(&self, kind: u64) -> Option<Slot> {
         let h = Self::home(kind);
         (0..PROBE).map(|i| self.slots[(h + i) % SLOTS]).find(|s| s.kind == kind && s.est_ns > 0)
     }
 
-    fn set(&mut self, kind: u64, est_ns: u64, backlogged_ns: u64) {
+    fn set(&mut self, kind: u64, est_ns: u64, backlogged_ns: u64, tight: bool) {
         let h = Self::home(kind);
         let i = (0..PROBE).map(|i| (h + i) % SLOTS).find(|&i| self.slots[i].kind == kind || self.slots[i].kind == 0).unwrap_or(h);
-        self.slots[i] = Slot { kind, est_ns: est_ns.max(1), backlogged_ns };
+        self.slots[i] = Slot { kind, est_ns: est_ns.max(1), backlogged_ns, tight };
     }
 
     /// What the launches of `bag` are thought to take, `fallback_ns` a launch for the others.
@@ -121,7 +129,13 @@ impl KindTable {
     /// 5 us behind a GEMM (the simulator's phased step), but a kind learned while another
     /// container shared the GPU must come down once the stream no longer backs up (the node
     /// tests: a low-priority container ran at a fifth of its speed after the high one left).
-    pub fn learn(&mut self, bag: &Bag, interval_ns: u64, fallback_ns: u64, backlogged: bool, now: u64) {
+    /// An interval that is `tight` (back to back, or one launch from where the GPU reached it)
+    /// holds GPU time alone: its figure replaces one learned from looser intervals at once, and
+    /// a looser interval only brings a tight figure down (it bounds it from above), never up:
+    /// a host-paced launch of a kind with a tight figure is charged it without an event
+    /// (`Meter::wants_end_event`), and ten 10 us kernels 45 us apart in one interval taught
+    /// each 50 us.
+    pub fn learn(&mut self, bag: &Bag, interval_ns: u64, fallback_ns: u64, backlogged: bool, tight: bool, now: u64) {
         let thought = self.value(bag, fallback_ns).max(1) as u128;
         for (k, _) in bag.known() {
             let slot = self.slot(k);
@@ -133,11 +147,13 @@ impl KindTable {
             let backlogged_ns = if backlogged { now } else { slot.map_or(0, |s| s.backlogged_ns) };
             // Per launch: the interval times this launch's part of what the batch was thought to take.
             let share = (interval_ns as u128 * prior.unwrap_or(fallback_ns) as u128 / thought) as u64;
+            let was_tight = slot.is_some_and(|s| s.tight);
             let est = match prior {
-                None => share,
-                Some(e) => e - e / WEIGHT + share / WEIGHT,
+                Some(e) if was_tight == tight || (was_tight && share < e) => e - e / WEIGHT + share / WEIGHT,
+                Some(e) if was_tight => e,
+                _ => share,
             };
-            self.set(k, est, backlogged_ns);
+            self.set(k, est, backlogged_ns, tight || was_tight);
         }
     }
 }
@@ -155,7 +171,7 @@ mod tests {
     #[test]
     fn a_batch_of_one_kind_teaches_it_its_length() {
         let mut t = KindTable::default();
-        t.learn(&bag(&[7, 7, 7, 7]), 4_000_000, 20_000, true, 0);
+        t.learn(&bag(&[7, 7, 7, 7]), 4_000_000, 20_000, true, true, 0);
         assert_eq!(t.get(7), Some(1_000_000));
         assert_eq!(t.value(&bag(&[7, 7, 9]), 20_000), 2_020_000, "an unknown kind is valued at the fallback");
     }
@@ -168,7 +184,7 @@ mod tests {
         for i in 0..200 {
             let m = mixes[i % mixes.len()];
             let truth: u64 = m.iter().map(|&k| if k == 1 { 1_000_000 } else { 10_000 }).sum();
-            t.learn(&bag(m), truth, 100_000, true, 0);
+            t.learn(&bag(m), truth, 100_000, true, true, 0);
         }
         let (gemm, small) = (t.get(1).unwrap(), t.get(2).unwrap());
         assert!((950_000..=1_050_000).contains(&gemm), "gemm {gemm}");
@@ -182,13 +198,28 @@ mod tests {
     fn host_paced_batches_teach_a_kind_only_once_its_back_to_back_figure_is_stale() {
         let mut t = KindTable::default();
         let s = 1_000_000_000;
-        t.learn(&bag(&[3]), 5_000_000, 20_000, true, s); // back to back, beside another container
-        t.learn(&bag(&[3]), 1_000_000, 20_000, false, s + STALE_NS / 2);
+        t.learn(&bag(&[3]), 5_000_000, 20_000, true, true, s); // back to back, beside another container
+        t.learn(&bag(&[3]), 1_000_000, 20_000, false, false, s + STALE_NS / 2);
         assert_eq!(t.get(3), Some(5_000_000), "host time between launches says nothing while fresh");
-        t.learn(&bag(&[3]), 1_000_000, 20_000, false, s + STALE_NS);
+        t.learn(&bag(&[3]), 1_000_000, 20_000, false, false, s + STALE_NS);
         assert_eq!(t.get(3), Some(4_000_000), "stale: it comes down");
-        t.learn(&bag(&[3]), 1_000_000, 20_000, false, s + STALE_NS + 1);
+        t.learn(&bag(&[3]), 1_000_000, 20_000, false, false, s + STALE_NS + 1);
         assert_eq!(t.get(3), Some(3_250_000), "and keeps coming down");
+    }
+
+    #[test]
+    fn a_tight_figure_replaces_a_loose_one_and_looser_ones_only_bring_it_down() {
+        let (mut t, s) = (KindTable::default(), 1_000_000_000);
+        t.learn(&bag(&[4, 4]), 100_000, 20_000, false, false, s); // two 10 us launches 80 us apart
+        assert_eq!((t.get(4), t.get_tight(4)), (Some(50_000), None));
+        t.learn(&bag(&[4]), 10_000, 20_000, false, true, s + 1); // one, from where the GPU reached it
+        assert_eq!((t.get(4), t.get_tight(4)), (Some(10_000), Some(10_000)), "replaced at once");
+        t.learn(&bag(&[4, 4]), 100_000, 20_000, false, false, s + 2);
+        assert_eq!(t.get_tight(4), Some(10_000), "a looser interval above it says nothing");
+        t.learn(&bag(&[4]), 6_000, 20_000, false, false, s + 3);
+        assert_eq!(t.get_tight(4), Some(9_000), "one below it brings it down");
+        t.learn(&bag(&[4]), 13_000, 20_000, false, true, s + 4);
+        assert_eq!(t.get_tight(4), Some(10_000), "tight ones move it both ways");
     }
 
     #[test]
@@ -202,7 +233,7 @@ mod tests {
     fn a_full_neighbourhood_takes_over_a_slot_and_lookups_stay_exact() {
         let mut t = KindTable::default();
         for k in 1..=5_000u64 {
-            t.set(k, k, 0);
+            t.set(k, k, 0, false);
         }
         for k in 1..=5_000u64 {
             if let Some(v) = t.get(k) {

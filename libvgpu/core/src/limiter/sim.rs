@@ -375,6 +375,9 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
                 } else {
                     th.pat.kernel_ns[(th.launches % th.pat.kernel_ns.len() as u64) as usize]
                 };
+                // Its kind, as the glue names it: one kernel function per length (the random
+                // patterns: one function whose length varies, as test_streams --random).
+                let kind = kinds::kernel_kind(if th.pat.random { 1 } else { dur }, 1);
                 let want_start = p.meter.wants_start_event(key, now);
                 let (start_ev, ev) = {
                     let mut g = w.borrow_mut();
@@ -384,12 +387,9 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
                     g.launch(key, th.proc, arrive, dur, th.pat.frac);
                     // Like the glue: an end event when a start event was recorded, else at
                     // most one per EVENT_SPACING_NS per stream.
-                    let ev = (start_ev.is_some() || p.meter.wants_end_event(key, now)).then(|| g.record(key, th.proc, arrive));
+                    let ev = (start_ev.is_some() || p.meter.wants_end_event(key, kind, now)).then(|| g.record(key, th.proc, arrive));
                     (start_ev, ev)
                 };
-                // Its kind, as the glue names it: one kernel function per length (the random
-                // patterns: one function whose length varies, as test_streams --random).
-                let kind = kinds::kernel_kind(if th.pat.random { 1 } else { dur }, 1);
                 p.meter.launched_kind(key, kind, start_ev, ev, now, &mut p.evs);
                 th.launches += 1;
                 let cpu = match th.pat.cpu_ns.len() {
