@@ -29,12 +29,16 @@ pub(crate) fn note_launch() {
 pub(crate) static CONTENDED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// No other tenant is busy on device d: the soft cap may apply (set by the monitor).
 pub(crate) static OTHERS_IDLE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Another process of the container launched lately (set by the monitor; until it has looked,
+/// assumed so: `Meter::siblings_active`).
+pub(crate) static SIBLINGS_ACTIVE: AtomicBool = AtomicBool::new(true);
 
 /// A forked child has launched nothing and has not looked at the other tenants yet: what the
 /// parent's monitor set goes (the child's monitor sets it again). `GATE` stays: it follows the
 /// configuration, which the child shares, and clearing it would let the child launch uncapped.
 pub(crate) fn after_fork_child() {
     LAUNCHED.store(false, Relaxed);
+    SIBLINGS_ACTIVE.store(true, Relaxed);
     for d in 0..MAX_DEVICES {
         CONTENDED[d].store(false, Relaxed);
         OTHERS_IDLE[d].store(false, Relaxed);

@@ -18,7 +18,7 @@ use vgpu_core::limiter::{hold_for, Clock, EventState, Events, Meter, Step, Strea
 use vgpu_core::log::Spent;
 use vgpu_core::MAX_DEVICES;
 
-use crate::caps::{note_launch, CONTENDED, GATE};
+use crate::caps::{note_launch, CONTENDED, GATE, SIBLINGS_ACTIVE};
 use crate::driver;
 use crate::ffi::{CUcontext, CUevent, CUfunction, CUresult, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::runtime::{ProcState, Runtime};
@@ -463,6 +463,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
     };
     let bucket = ps.region.bucket(dev);
     let contended = CONTENDED[dev].load(Relaxed);
+    let siblings = SIBLINGS_ACTIVE.load(Relaxed);
     let owner = ps.slot.index() as u64 + 1;
     // When the gate says go, the same lock and capture-mode switch also prepare the launch.
     let mut prepared = None;
@@ -482,6 +483,7 @@ fn gated_before(stream: CUstream, ptsz: bool, kind: u64, who: Launcher) -> Optio
         let mut g = lock(dev);
         let g = &mut *g;
         g.meter.contended = contended;
+        g.meter.siblings_active = siblings;
         g.meter.owner = owner;
         g.meter.queue_bound_ns = crate::node::queue_bound(dev);
         // Capped containers of our priority take turns (node file): outside ours, wait.

@@ -16,7 +16,7 @@ use vgpu_core::policy::monitor::{self as policy, Adjust, GateStats};
 use vgpu_core::region::MemKind;
 use vgpu_core::MAX_DEVICES;
 
-use crate::caps::{refresh_gate, CONTENDED, GATE, LAUNCHED, OTHERS_IDLE};
+use crate::caps::{refresh_gate, CONTENDED, GATE, LAUNCHED, OTHERS_IDLE, SIBLINGS_ACTIVE};
 use crate::runtime::{ProcState, Runtime};
 
 /// Monitor period: bounds how late a runtime cap change or a suspend takes effect.
@@ -158,6 +158,8 @@ fn run(rt: &'static Runtime) {
             ps.region.set_last_kernel_time(vgpu_core::clock::unix_seconds());
             ext.last_launch_ns.store(now, Relaxed);
         }
+        let others = ps.region.live_slots().filter(|s| s.index() != ps.slot.index()).map(|s| ps.region.slot_ext(s).last_launch_ns.load(Relaxed));
+        SIBLINGS_ACTIVE.store(policy::siblings_active(others, now), Relaxed);
     }
 }
 

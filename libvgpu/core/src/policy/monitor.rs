@@ -27,6 +27,17 @@ pub const PLAIN_NVML_EVERY: u32 = 10;
 /// ms, none beside `nvmlDeviceGetUtilizationRates`).
 pub const SAMPLES_EVERY: u32 = 5;
 
+/// Another process of the container that launched within this long may have work on the GPU
+/// (its monitor notes a launch every publishing tick, 200 ms).
+pub const SIBLING_RECENT_NS: u64 = 1_000_000_000;
+
+/// Did another process of the container launch lately, from the times its monitor noted a
+/// launch (0: never)? A paced launch here may then wait behind its work, so it is timed by an
+/// event, not charged its kind's figure from its submission (`limiter::meter`).
+pub fn siblings_active(others_last_launch_ns: impl IntoIterator<Item = u64>, now: u64) -> bool {
+    others_last_launch_ns.into_iter().any(|t| t != 0 && now.saturating_sub(t) < SIBLING_RECENT_NS)
+}
+
 /// Does tick `tick` fetch NVML's utilization samples (a publishing tick, once a second)?
 pub fn samples_due(tick: u32) -> bool {
     tick.is_multiple_of(PUBLISH_EVERY * SAMPLES_EVERY)
@@ -211,6 +222,15 @@ pub fn sample_percent(value_type: i32, raw: u64) -> Option<u32> {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn a_sibling_counts_as_active_for_a_second_after_its_last_launch() {
+        let now = 10 * SIBLING_RECENT_NS;
+        assert!(!siblings_active([], now), "alone");
+        assert!(!siblings_active([0, now - SIBLING_RECENT_NS], now), "never launched, or a second ago");
+        assert!(siblings_active([0, now - SIBLING_RECENT_NS + 1], now));
+        assert!(siblings_active([now + 5], now), "a time noted after ours was read");
+    }
 
     #[test]
     fn samples_are_fetched_once_a_second_on_publishing_ticks() {
