@@ -622,12 +622,15 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                     let m = &g.meter;
                     let s = m.stats;
                     vgpu_core::debug!(
-                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
+                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} closed_valued={} closed_valued_ms={} late_starts={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
                         s.batches,
                         s.clipped,
                         s.clipped_ns / 1_000_000,
                         s.closed_at_sync,
                         s.closed_at_sync_ns / 1_000_000,
+                        s.closed_valued,
+                        s.closed_valued_ns / 1_000_000,
+                        s.late_starts,
                         s.waits_queue,
                         s.waits_budget,
                         s.beside_queued,
