@@ -532,21 +532,24 @@ fn host_paced_short_kernels_are_charged_their_gpu_time() {
 /// throughputs that leave that much per event unexplained).
 const H200_EVENT_COST: [(&str, &str); 2] = [("MOCK_EVENT_CALL_NS", "1500"), ("MOCK_NVML_EVENT_NS", "1100")];
 
-/// The throughput of host-paced kernels of 20 us and less under a cap. Their utilization holds
-/// (above), but the end event each such launch gets while the budget holds costs the host a
-/// record and a query, and NVML counts busy time for it: an H200 ran them at 0.82-0.95 of their
-/// want (cap 25: 5 us kernels 20 us apart 0.728 for 0.89, 10 us / 40 us 0.791 for 0.926, 20 us /
-/// 50 us 0.591 for 0.625), and batch-1 GPT-2 inference in eager mode, under both caps, at 0.858
-/// and 0.657. The mock with those event costs agrees (10 us / 40 us under a cap of 25, uncapped
-/// 23% busy: 0.859 of its speed; 0.958 with free events; 5 us / 20 us 0.808; 20 us / 50 us
-/// 0.958).
+/// The throughput of host-paced kernels of 20 us and less under a cap. An end event after each
+/// such launch cost the host a record and a query, and NVML counts busy time for each: an H200 ran
+/// them at 0.82-0.95 of their want (cap 25: 5 us kernels 20 us apart 0.728 for 0.89, 10 us / 40 us
+/// 0.791 for 0.926, 20 us / 50 us 0.591 for 0.625), and batch-1 GPT-2 inference in eager mode,
+/// under caps above its use, at 0.858 and 0.657; the mock with those event costs agreed (10 us /
+/// 40 us under a cap of 25, uncapped 23% busy: 0.859 of its speed). Launches of a kind with a
+/// tight figure now go without an event where nothing else can delay them, charged that figure,
+/// a start and an end event about every millisecond keeping it current (`limiter::meter`,
+/// session 40): 0.94-0.98 here.
 #[test]
 #[serial(mock_gpu_timing)]
-#[ignore = "KNOWN FAILURE (the mock with an H200's event costs and an H200 agree): host-paced kernels of 20 us and less keep 0.81-0.95 of the throughput their utilization allows (eager GPT-2 inference on an H200 0.66-0.86 under caps above its use); run with --ignored"]
 fn host_paced_kernels_of_20_us_and_less_keep_their_speed() {
-    let (u0, got, share, out) = host_paced_case("10", "40", "25", &H200_EVENT_COST);
-    let want_share = (25.0 / u0).min(1.0);
-    assert!((share / want_share - 1.0).abs() <= 0.05, "NVML {got:.1}%, {share:.3} of the uncapped speed (want {want_share:.3})\n{out}");
+    measured_twice("10 us kernels 40 us apart under a cap of 25", || {
+        let (u0, got, share, out) = host_paced_case("10", "40", "25", &H200_EVENT_COST);
+        let want_share = (25.0 / u0).min(1.0);
+        let ok = (share / want_share - 1.0).abs() <= 0.05 && (got - u0.min(25.0)).abs() <= 3.0;
+        ok.then_some(()).ok_or_else(|| format!("NVML {got:.1}% (uncapped {u0:.1}%), {share:.3} of the uncapped speed (want {want_share:.3})\n{out}"))
+    });
 }
 
 /// Two threads, each launching short kernels of random length (5-60 us) on its own stream with
