@@ -19,6 +19,12 @@ const SLOTS: usize = 1024;
 const PROBE: usize = 8;
 /// New measurements weigh 1/`WEIGHT` against a kind's estimate.
 const WEIGHT: u64 = 4;
+/// A tight interval over this many times a kind's tight figure makes the kind erratic for
+/// `ERRATIC_NS`: a kernel whose length depends on its data (a kind learned at 10 us that ran
+/// 5 ms as a step's last launch) is charged its figure only while it keeps to it. (Shorter ones
+/// only over-charge; at 4 one kind of 10 or 60 us turned erratic.)
+const ERRATIC_RATIO: u64 = 8;
+const ERRATIC_NS: u64 = 10_000_000_000;
 /// A kind with no back-to-back measurement for this long learns from any (`KindTable::learn`).
 pub const STALE_NS: u64 = 200_000_000;
 /// Distinct kinds one batch keeps apart; launches of further kinds are valued and learned at
@@ -81,6 +87,9 @@ struct Slot {
     /// `est_ns` came from intervals of its GPU time alone (`KindTable::learn`'s `tight`): a
     /// host-paced launch of it may be charged that without an event.
     tight: bool,
+    /// Until then its figure is not charged without an event (`get_tight`): a tight interval
+    /// was `ERRATIC_RATIO` times off it.
+    erratic_until_ns: u64,
 }
 
 impl Default for KindTable {
@@ -99,9 +108,10 @@ impl KindTable {
         self.slot(kind).map(|s| s.est_ns)
     }
 
-    /// What a launch of `kind` takes, if learned from intervals of GPU time alone (`learn`).
-    pub fn get_tight(&self, kind: u64) -> Option<u64> {
-        self.slot(kind).filter(|s| s.tight).map(|s| s.est_ns)
+    /// What a launch of `kind` takes, if learned from intervals of GPU time alone (`learn`) and
+    /// not erratic at `now`.
+    pub fn get_tight(&self, kind: u64, now: u64) -> Option<u64> {
+        self.slot(kind).filter(|s| s.tight && now >= s.erratic_until_ns).map(|s| s.est_ns)
     }
 
     fn slot(&self, kind: u64) -> Option<Slot> {
@@ -109,10 +119,10 @@ impl KindTable {
         (0..PROBE).map(|i| self.slots[(h + i) % SLOTS]).find(|s| s.kind == kind && s.est_ns > 0)
     }
 
-    fn set(&mut self, kind: u64, est_ns: u64, backlogged_ns: u64, tight: bool) {
+    fn set(&mut self, kind: u64, est_ns: u64, backlogged_ns: u64, tight: bool, erratic_until_ns: u64) {
         let h = Self::home(kind);
         let i = (0..PROBE).map(|i| (h + i) % SLOTS).find(|&i| self.slots[i].kind == kind || self.slots[i].kind == 0).unwrap_or(h);
-        self.slots[i] = Slot { kind, est_ns: est_ns.max(1), backlogged_ns, tight };
+        self.slots[i] = Slot { kind, est_ns: est_ns.max(1), backlogged_ns, tight, erratic_until_ns };
     }
 
     /// What the launches of `bag` are thought to take, `fallback_ns` a launch for the others.
@@ -153,7 +163,12 @@ impl KindTable {
                 Some(e) if was_tight => e,
                 _ => share,
             };
-            self.set(k, est, backlogged_ns, tight || was_tight);
+            let off = |e: u64| share > e.saturating_mul(ERRATIC_RATIO);
+            let erratic = match prior {
+                Some(e) if was_tight && tight && off(e) => now.saturating_add(ERRATIC_NS),
+                _ => slot.map_or(0, |s| s.erratic_until_ns),
+            };
+            self.set(k, est, backlogged_ns, tight || was_tight, erratic);
         }
     }
 }
@@ -211,15 +226,21 @@ mod tests {
     fn a_tight_figure_replaces_a_loose_one_and_looser_ones_only_bring_it_down() {
         let (mut t, s) = (KindTable::default(), 1_000_000_000);
         t.learn(&bag(&[4, 4]), 100_000, 20_000, false, false, s); // two 10 us launches 80 us apart
-        assert_eq!((t.get(4), t.get_tight(4)), (Some(50_000), None));
+        assert_eq!((t.get(4), t.get_tight(4, s + 9)), (Some(50_000), None));
         t.learn(&bag(&[4]), 10_000, 20_000, false, true, s + 1); // one, from where the GPU reached it
-        assert_eq!((t.get(4), t.get_tight(4)), (Some(10_000), Some(10_000)), "replaced at once");
+        assert_eq!((t.get(4), t.get_tight(4, s + 9)), (Some(10_000), Some(10_000)), "replaced at once");
         t.learn(&bag(&[4, 4]), 100_000, 20_000, false, false, s + 2);
-        assert_eq!(t.get_tight(4), Some(10_000), "a looser interval above it says nothing");
+        assert_eq!(t.get_tight(4, s + 9), Some(10_000), "a looser interval above it says nothing");
         t.learn(&bag(&[4]), 6_000, 20_000, false, false, s + 3);
-        assert_eq!(t.get_tight(4), Some(9_000), "one below it brings it down");
+        assert_eq!(t.get_tight(4, s + 9), Some(9_000), "one below it brings it down");
         t.learn(&bag(&[4]), 13_000, 20_000, false, true, s + 4);
-        assert_eq!(t.get_tight(4), Some(10_000), "tight ones move it both ways");
+        assert_eq!(t.get_tight(4, s + 9), Some(10_000), "tight ones move it both ways");
+        t.learn(&bag(&[4]), 1_000, 20_000, false, true, s + 5);
+        assert_eq!(t.get_tight(4, s + 9), Some(7_750), "far shorter: only over-charged");
+        t.learn(&bag(&[4]), 70_000, 20_000, false, true, s + 6);
+        assert_eq!(t.get_tight(4, s + 9), None, "over eight times its figure: erratic");
+        assert_eq!(t.get(4), Some(23_313), "still valued for the queue");
+        assert_eq!(t.get_tight(4, s + 6 + ERRATIC_NS), Some(23_313), "for a while");
     }
 
     #[test]
@@ -233,7 +254,7 @@ mod tests {
     fn a_full_neighbourhood_takes_over_a_slot_and_lookups_stay_exact() {
         let mut t = KindTable::default();
         for k in 1..=5_000u64 {
-            t.set(k, k, 0, false);
+            t.set(k, k, 0, false, 0);
         }
         for k in 1..=5_000u64 {
             if let Some(v) = t.get(k) {

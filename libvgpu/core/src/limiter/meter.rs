@@ -152,7 +152,7 @@ struct Submitted<E> {
     /// the GPU reached the launch (submit time plus the driver's launch latency).
     start_ev: Option<E>,
     /// Host time from the start event's record to the launch's submission: the GPU reached
-    /// the start event that much before the launch (`START_GAP_MAX_NS` at most).
+    /// the start event that much before the launch (counted up to `START_GAP_MAX_NS`).
     start_gap_ns: u64,
     /// Earliest time the covered launches could start (host submit time of the first).
     submit_ns: u64,
@@ -168,9 +168,11 @@ struct Submitted<E> {
     /// did, or (the stream idle) only when the GPU reached it. Their interval is clipped to this
     /// much after its start.
     clip_ns: Option<u64>,
-    /// `ev` was recorded when the next launch was about to wait (`Meter::flushed`): the
-    /// interval may hold the host's time after these launches, so it teaches no tight figure.
-    loose: bool,
+    /// When `ev` was recorded because the next launch was about to wait (`Meter::flushed`; 0:
+    /// not so): the interval may hold the host's time after these launches, so it teaches no
+    /// tight figure, and launches closable at their kinds' figures are charged those unless the
+    /// event came late (they still ran).
+    flushed_ns: u64,
 }
 
 struct StreamTrack<E> {
@@ -445,7 +447,7 @@ impl<E: Copy> StreamTrack<E> {
     fn push_unevented(&mut self, ev: Option<E>, start_ev: Option<E>, start_gap_ns: u64, clip_ns: Option<u64>) {
         let (submit_ns, last_submit_ns) = (self.unevented_since_ns, self.unevented_last_ns);
         let (launches, bag, value_ns, unvalued) = self.take_unevented();
-        let s = Submitted { ev, start_ev, start_gap_ns, submit_ns, launches, bag, value_ns, unvalued, last_submit_ns, clip_ns, loose: false };
+        let s = Submitted { ev, start_ev, start_gap_ns, submit_ns, launches, bag, value_ns, unvalued, last_submit_ns, clip_ns, flushed_ns: 0 };
         self.pending.push_back(s);
         self.pending_launches += launches as u64;
         self.pending_value_ns = self.pending_value_ns.saturating_add(value_ns);
@@ -623,8 +625,16 @@ impl<E: Copy> Meter<E> {
         let (contended, owner) = (self.contended, self.owner);
         for st in &mut self.streams {
             while let Some(head) = st.pending.front() {
-                // Closed without an event: it ended its `clip_ns` after its start, not past now.
-                let state = head.ev.map_or(EventState::Done(now), |ev| evs.poll(ev));
+                // Closed without an event: it ends its `clip_ns` after its start; not charged before
+                // then (a launch closed by a wait may still run: ended at the next look, a 1 ms
+                // GEMM was charged 150 us).
+                let state = match head.ev {
+                    Some(ev) => evs.poll(ev),
+                    None => {
+                        let end = st.last_end_ns.max(head.submit_ns).saturating_add(head.clip_ns.unwrap_or(0));
+                        if end > now { EventState::Pending } else { EventState::Done(end) }
+                    }
+                };
                 if state == EventState::Pending {
                     break;
                 }
@@ -641,9 +651,15 @@ impl<E: Copy> Meter<E> {
                         evs.release(se);
                         match s {
                             EventState::Done(t) => {
-                                let t = t + head.start_gap_ns;
-                                st.learn_start_latency(t.saturating_sub(head.submit_ns));
-                                (t, true)
+                                // The host's time from the record to the submission (the hook's
+                                // own work) is not the GPU's; a thread preempted longer between
+                                // them says nothing of the latency, and the launch began no
+                                // earlier than its submission (one preempted 1 ms was charged it).
+                                let t = t + head.start_gap_ns.min(START_GAP_MAX_NS);
+                                if head.start_gap_ns <= START_GAP_MAX_NS {
+                                    st.learn_start_latency(t.saturating_sub(head.submit_ns));
+                                }
+                                (t.max(head.submit_ns), true)
                             }
                             _ => (head.submit_ns, false),
                         }
@@ -669,7 +685,9 @@ impl<E: Copy> Meter<E> {
                     self.charged_total_ns += bucket.charge(from, began.max(from), st.share_milli(contended), now, owner);
                 }
                 let end = t.max(start);
-                let clipped = head.clip_ns.map_or(end, |c| end.min(start.saturating_add(c)));
+                // A flush event that came late found its launches still running: not clipped.
+                let ran_on = head.flushed_ns != 0 && t > head.flushed_ns.saturating_add(st.start_lat_ns).saturating_add(LATE_START_NS);
+                let clipped = head.clip_ns.filter(|_| !ran_on).map_or(end, |c| end.min(start.saturating_add(c)));
                 if head.ev.is_none() {
                     self.stats.closed_valued_ns += clipped - start;
                 } else {
@@ -684,7 +702,7 @@ impl<E: Copy> Meter<E> {
                 if head.clip_ns.is_none() {
                     // Back to back, or one launch from where it is known to have begun: GPU time
                     // alone (after an end only thought, it may have waited behind a longer launch).
-                    let tight = !head.loose && (backlogged || (head.launches == 1 && (start_seen || !estimated)));
+                    let tight = head.flushed_ns == 0 && (backlogged || (head.launches == 1 && (start_seen || !estimated)));
                     self.kinds.learn(&head.bag, end - start, st.est_ns, backlogged, tight, now);
                     st.learn(end - start, head.launches, contended, now);
                 }
@@ -761,7 +779,7 @@ impl<E: Copy> Meter<E> {
             self.stats.waits_queue += 1;
             let due = self.streams[i].head_expected_end();
             let wait = if due > now { due - now } else { overdue_wait_ns(now - due) };
-            return self.wait(i, wait.clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+            return Step::Wait(wait.clamp(MIN_WAIT_NS, MAX_WAIT_NS));
         }
         let Some(cap) = cap else {
             bucket.refill(now, 100);
@@ -786,7 +804,7 @@ impl<E: Copy> Meter<E> {
             }
             if now < closed {
                 self.stats.waits_budget += 1;
-                return self.wait(i, (closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
+                return Step::Wait((closed - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS));
             }
         }
         bucket.refill_to(now, cap as u32, self.burst_ns.unwrap_or_else(|| super::save_ns(cap as u32)));
@@ -799,19 +817,7 @@ impl<E: Copy> Meter<E> {
         self.stats.waits_budget += 1;
         let until = now + closure_ns(balance, cap);
         bucket.s.closed_until_ns.fetch_max(closure_word(until, cap), Relaxed);
-        self.wait(i, (until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
-    }
-
-    /// A launch on stream `i` waits `ns`: launches there that may be closed at their kinds'
-    /// figures are closed now. Else the event the glue records before the wait
-    /// (`wants_flush_event`) would close them, and one recorded 90 us after such a launch ended
-    /// charged it 4.7 times its time and taught its kind that.
-    fn wait(&mut self, i: usize, ns: u64) -> Step {
-        let st = &mut self.streams[i];
-        if st.unevented_valued() {
-            self.stats.closed_valued += st.close_valued() as u64;
-        }
-        Step::Wait(ns)
+        Step::Wait((until - now).clamp(MIN_WAIT_NS, MAX_WAIT_NS))
     }
 
     /// May a launch on stream `i` go in debt because it will run beside work already queued on
@@ -895,7 +901,7 @@ impl<E: Copy> Meter<E> {
     /// stream was found to run far past its kind's figure (`TIMED_AFTER_LATE_NS`).
     fn closable(&self, key: StreamKey, kind: u64, now: u64) -> bool {
         kind != 0
-            && self.kinds.get_tight(kind).is_some()
+            && self.kinds.get_tight(kind, now).is_some()
             && !self.contended
             && !self.siblings_active
             && self.streams.iter().all(|o| if o.key == key { now >= o.timed_until_ns } else { o.queued_end().is_none_or(|e| e <= now) })
@@ -959,7 +965,7 @@ impl<E: Copy> Meter<E> {
             Some(ev) => {
                 st.recorded_ns = submit_ns;
                 let gap = start_ev.and_then(|se| evs.recorded_ns(se)).map_or(0, |r| submit_ns.saturating_sub(r));
-                st.push_unevented(Some(ev), start_ev, gap.min(START_GAP_MAX_NS), None);
+                st.push_unevented(Some(ev), start_ev, gap, None);
             }
             None => {
                 if let Some(se) = start_ev {
@@ -979,9 +985,10 @@ impl<E: Copy> Meter<E> {
     /// The event recorded on `key` at `now` for the launches without one (`wants_flush_event`).
     pub fn flushed(&mut self, key: StreamKey, ev: E, now: u64) {
         let Some(st) = self.streams.iter_mut().find(|s| s.key == key && s.unevented > 0) else { return };
-        st.push_unevented(Some(ev), None, 0, None);
+        let clip = st.unevented_valued().then_some(st.unevented_value_ns);
+        st.push_unevented(Some(ev), None, 0, clip);
         if let Some(b) = st.pending.back_mut() {
-            b.loose = true;
+            b.flushed_ns = now.max(1);
         }
         st.recorded_ns = now;
     }
@@ -1914,10 +1921,19 @@ mod tests {
             tail: HashMap<u64, u64>,
             /// Every kernel's run on the GPU.
             busy: Vec<(u64, u64)>,
+            /// Review: events that read `Lost`, and when the host recorded some.
+            lost: HashSet<u32>,
+            recorded: HashMap<u32, u64>,
         }
         impl Events for Gpu {
             type Ev = u32;
+            fn recorded_ns(&self, ev: u32) -> Option<u64> {
+                self.recorded.get(&ev).copied()
+            }
             fn poll(&mut self, ev: u32) -> EventState {
+                if self.lost.contains(&ev) {
+                    return EventState::Lost;
+                }
                 match self.done.get(&ev) {
                     Some(&t) if t <= self.now => EventState::Done(t),
                     _ => EventState::Pending,
@@ -2281,6 +2297,371 @@ mod tests {
                 let charged = sim.meter.charged_total_ns - c0;
                 assert!(charged <= 110 * US, "charged {charged} ns for a 100 us kernel");
             });
+        }
+
+
+        // Review, round 2 (fdb5fec): launch patterns against the paced launches closed at figures.
+
+
+        /// `Sim::launch`, but a start event recorded for it is lost (`EventState::Lost`).
+        fn launch_losing_start(sim: &mut Sim<'_>, key: u64, kind: u64, t: u64, dur: u64) -> u64 {
+            let before = sim.gpu.next;
+            let end = sim.launch(key, kind, t, dur);
+            if sim.gpu.next - before == 2 {
+                sim.gpu.lost.insert(before + 1);
+            }
+            end
+        }
+
+        /// A launch whose thread is preempted `g` between recording its start event (at `t`, the
+        /// glue's `recorded_ns`) and submitting the launch (at `t + g`). Returns when it ends.
+        fn launch_preempted(sim: &mut Sim<'_>, key: u64, kind: u64, t: u64, dur: u64, g: u64) -> u64 {
+            sim.gpu.now = t;
+            assert_eq!(sim.meter.gate(&mut sim.gpu, sim.b, None, key, t), Step::Go);
+            sim.meter.capped = sim.capped;
+            let se = sim.meter.start_event(key, t).wanted.then(|| sim.gpu.record(key, t));
+            if let Some(se) = se {
+                sim.gpu.recorded.insert(se, t);
+            }
+            let s = t + g;
+            sim.gpu.now = s;
+            let begin = sim.gpu.tail.get(&key).copied().unwrap_or(0).max(s + LAT);
+            sim.gpu.tail.insert(key, begin + dur);
+            sim.gpu.busy.push((begin, begin + dur));
+            let ev = (se.is_some() || sim.meter.wants_end_event(key, kind, s)).then(|| sim.gpu.record(key, s));
+            sim.meter.launched_kind(key, kind, se, ev, s, &mut sim.gpu);
+            begin + dur
+        }
+
+        /// A kind learned at 10 us (50 launches 40 us apart a step) whose last launch of the step
+        /// runs 5 ms (same function and grid: a data-dependent length), then the host works 5 ms
+        /// before the next step: nothing queues behind the long launch, so no start event comes
+        /// late; unless it is itself a sample (1 in 25), it is closed at 10 us.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 0.882 of the GPU time (51be794: 0.658); a launch far past its kind's figure with nothing queued behind it is seen only once a sample lands on it; run with --ignored"]
+        fn a_long_launch_of_a_short_kind_before_a_host_pause() {
+            let f = run(true, |sim, t0| {
+                for s in 0..400 {
+                    let t = t0 + s * 10 * MS + s * 3_700 % (10 * US);
+                    for k in 0..50 {
+                        sim.launch(1, 8, t + k * 40 * US, if k == 49 { 5 * MS } else { 10 * US });
+                    }
+                }
+            });
+            check("50 x 10 us every 40 us, the last 5 ms, host pause, every 10 ms", &f, 0.9, 1.2);
+        }
+
+        /// The same kind, the step's last launch 3 ms, then a synchronize (`.item()`): the
+        /// synchronize closes it at its kind's figure (10 us), though it returned 3 ms later.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 0.579 of the GPU time (51be794: 0.493); a synchronize closes launches at their figures, not knowing how long it waited; run with --ignored"]
+        fn a_long_launch_of_a_short_kind_before_a_synchronize() {
+            let f = run(true, |sim, t0| {
+                let mut t = t0;
+                for _ in 0..60 {
+                    for k in 0..20 {
+                        sim.launch(1, 8, t + k * 40 * US, if k == 19 { 3 * MS } else { 10 * US });
+                    }
+                    t = sim.sync(t + 19 * 40 * US + 10 * US) + 100 * US;
+                }
+            });
+            check("20 x 10 us every 40 us, the last 3 ms, synchronize", &f, 0.9, 1.2);
+        }
+
+        /// The same kind, a 3 ms launch right before the budget holds the next launch 1 ms or
+        /// 4 ms (`Meter::wait` closes it at 10 us), then 10 us launches every 100 us again.
+        #[test]
+        fn a_long_launch_of_a_short_kind_before_a_hold() {
+            for held in [MS, 4 * MS] {
+                let f = run(true, |sim, t0| {
+                    let mut t = t0;
+                    for c in 0..3000 {
+                        if c % 30 == 29 {
+                            sim.hold(t);
+                            t += held;
+                        }
+                        sim.launch(1, 8, t, if c % 30 == 28 { 3 * MS } else { 10 * US });
+                        t += 100 * US;
+                    }
+                });
+                let name = format!("10 us every 100 us, every 30th 3 ms then held {} ms", held / MS);
+                check(&name, &f, 0.9, 1.2);
+            }
+        }
+
+        /// 10 us launches of a learned kind every 50 us whose stream now and then waits on no
+        /// GPU work of ours (`launch_after`): a host function (cuLaunchHostFunc), a
+        /// cuStreamWaitValue on a flag, or another tenant's time slice before NVML shows it
+        /// (`contended` not yet set). A sample reached late charges the wait from its
+        /// submission, and times every launch 200 ms; and a launch latency that rises (150 us
+        /// from 3 us: a loaded driver) is charged until the start latency learns it.
+        #[test]
+        #[ignore = "KNOWN FAILURE, as at 51be794: 2.043 (2.241), an event per launch: a wait on no GPU work of ours is charged as busy; run with --ignored"]
+        fn waits_on_no_gpu_work_of_ours_before_launches() {
+            // (name, launches, every, wait)
+            for (name, n, every, wait) in [
+                ("500 us wait every 2 ms", 8000u64, 40u64, 500 * US),
+                ("150 us delay every 5 ms", 8000, 100, 150 * US),
+                ("2 ms slice every 50 ms", 8000, 1000, 2 * MS),
+            ] {
+                let f = run(true, |sim, t0| {
+                    for c in 0..n {
+                        let t = t0 + c * 50 * US + c * 3_700 % (10 * US);
+                        sim.launch_after(1, 8, t, 10 * US, if c % every == every / 2 { t + wait } else { 0 });
+                    }
+                });
+                check(name, &f, 0.9, 1.2);
+            }
+        }
+
+        /// The GPU's launch latency rises from 3 us to 150 us (a loaded driver, MPS) under 10 us
+        /// launches every 300 us: charged until the start latency (up 1/16 a sample) learns it.
+        #[test]
+        #[ignore = "KNOWN FAILURE, as at 51be794: 1.374 (3.716): charged until the start latency learns the rise; run with --ignored"]
+        fn the_launch_latency_rises() {
+            let f = run(true, |sim, t0| {
+                for c in 0..1300 {
+                    let t = t0 + c * 300 * US + c * 3_700 % (10 * US);
+                    sim.launch_after(1, 8, t, 10 * US, t + 150 * US);
+                }
+            });
+            check("launch latency 3 -> 150 us, 10 us every 300 us", &f, 0.9, 1.2);
+        }
+
+        /// A GEMM kind learned tight at 1 ms, paced among 10 us launches 40 us apart (so it is
+        /// seldom a sample); 50 us after it the budget holds the next launch 100 us
+        /// (`Meter::wait` closes the GEMM at its figure) and the next gate look's poll ends that
+        /// closed batch at `now`, 150 us into the GEMM (its clip is `min(now, start + figure)`);
+        /// then a 10 us launch and a host pause to the next 8 ms step.
+        #[test]
+        fn a_short_hold_right_after_a_long_launch_clips_it_at_the_next_poll() {
+            let f = run(true, |sim, t0| {
+                for c in 0..20 {
+                    let t = t0 + c * 3 * MS;
+                    sim.launch(1, 9, t, MS);
+                    sim.launch(1, 8, t + 1100 * US, 10 * US);
+                }
+                let t1 = t0 + 60 * MS;
+                sim.mark();
+                for c in 0..50 {
+                    let t = t1 + c * 8 * MS + c * 3_700 % (10 * US);
+                    for k in 0..40 {
+                        sim.launch(1, 8, t + k * 40 * US, 10 * US);
+                    }
+                    let g = t + 1600 * US;
+                    sim.launch(1, 9, g, MS);
+                    sim.hold(g + 50 * US);
+                    sim.launch(1, 8, g + 150 * US, 10 * US);
+                }
+            });
+            check("40 x 10 us every 40 us, 1 ms GEMM, held 100 us 50 us after it, 10 us, pause", &f, 0.9, 1.2);
+        }
+
+        /// The clip in one launch: a paced 1 ms GEMM of a kind learned tight at 1 ms goes
+        /// without an event; the budget holds the next launch 50 us later (`Meter::wait` closes
+        /// the GEMM at its figure); the gate look 100 us after that polls, and the closed batch
+        /// ends at that `now`: charged about 150 us of its 1 ms.
+        #[test]
+        fn wait_closes_a_running_launch_and_the_next_poll_clips_it() {
+            run(true, |sim, t0| {
+                for c in 0..20 {
+                    let t = t0 + c * 3 * MS;
+                    sim.launch(1, 9, t, MS);
+                    sim.launch(1, 8, t + 1100 * US, 10 * US);
+                }
+                // Dense 10 us launches, so the launch gap is short and the GEMM seldom a sample;
+                // the first GEMM that goes without an event is the one looked at.
+                let mut t = t0 + 60 * MS;
+                for _ in 0..100 {
+                    for k in 0..40 {
+                        sim.launch(1, 8, t + k * 40 * US, 10 * US);
+                    }
+                    let g = t + 1600 * US;
+                    let before = sim.gpu.next;
+                    sim.launch(1, 9, g, MS);
+                    if sim.gpu.next == before {
+                        sim.hold(g + 50 * US);
+                        let c0 = sim.meter.charged_total_ns;
+                        sim.gpu.now = g + 1200 * US;
+                        sim.meter.poll(&mut sim.gpu, sim.b, g + 1200 * US);
+                        let charged = sim.meter.charged_total_ns - c0;
+                                                assert!(charged >= 900 * US, "a 1 ms GEMM charged {charged} ns");
+                        return;
+                    }
+                    t = sim.gpu.all_done() + 5 * MS;
+                }
+                panic!("every GEMM had an event");
+            });
+        }
+
+        /// Round 1's shape: a copy stream (kind 0: small copies, then a 1 ms one each step) and
+        /// a compute stream that waits on the big copy (cuStreamWaitEvent) and launches 20 paced
+        /// 10 us kernels of a learned kind: the copy stream's estimate says the copy ended long
+        /// before, so they are closable, closed at 10 us each inside the copy's time.
+        #[test]
+        fn a_stream_waiting_on_another_streams_copy() {
+            let f = run(true, |sim, t0| {
+                for c in 0..50 {
+                    sim.launch(1, 8, t0 + c * 40 * US, 10 * US);
+                }
+                for c in 0..80 {
+                    let t = t0 + 2 * MS + c * 4 * MS;
+                    for k in 0..5 {
+                        sim.launch(2, 0, t + k * 50 * US, 10 * US);
+                    }
+                    let copied = sim.launch(2, 0, t + 300 * US, MS);
+                    for k in 0..20 {
+                        sim.launch_after(1, 8, t + 400 * US + k * 20 * US, 10 * US, if k == 0 { copied } else { 0 });
+                    }
+                }
+            });
+            check("compute stream waiting on a 1 ms copy, 20 paced 10 us kernels", &f, 0.9, 1.2);
+        }
+
+        /// A kind learned at 10 us (every 40 us) lengthens to 80 us (same grid, more work);
+        /// every start event is lost (`EventState::Lost`: a sample then teaches no tight figure,
+        /// and a looser interval above a tight figure says nothing).
+        #[test]
+        fn a_kind_that_lengthens_while_its_start_events_are_lost() {
+            let f = run(true, |sim, t0| {
+                for c in 0..500 {
+                    sim.launch(1, 8, t0 + c * 40 * US, 10 * US);
+                }
+                let t1 = t0 + 500 * 40 * US;
+                sim.mark();
+                for c in 0..3000 {
+                    launch_losing_start(sim, 1, 8, t1 + c * 130 * US + c * 3_700 % (10 * US), 80 * US);
+                }
+            });
+            check("10 us kind lengthens to 80 us, start events lost", &f, 0.9, 1.2);
+        }
+
+        /// 10 us launches of a learned kind every 40 us; every 20th launch's thread is
+        /// preempted 1 ms between its start event's record and its submission (a loaded host).
+        #[test]
+        fn preempted_between_start_event_and_launch() {
+            let f = run(true, |sim, t0| {
+                let mut t = t0;
+                for c in 0..8000u64 {
+                    let g = if c % 20 == 7 { MS } else { 0 };
+                    launch_preempted(sim, 1, 8, t, 10 * US, g);
+                    t += g + 40 * US + c * 3_700 % (5 * US);
+                }
+            });
+            check("10 us every 40 us, every 20th preempted 1 ms after its start event", &f, 0.9, 1.2);
+        }
+
+        /// A step: a memset (kind 0, paced: an end event), a 10 us kernel of a learned kind 1 us
+        /// later and a 300 us one (kind 9, learned) 1 us after that, then a synchronize: the
+        /// last two have no event (within 100 us of the memset's) and are not all closable, so
+        /// the synchronize charges them the stream's mean each.
+        #[test]
+        #[ignore = "KNOWN FAILURE, as at 51be794: 0.871 (0.836); a synchronize charges a mix of launches the stream's mean each; run with --ignored"]
+        fn closable_and_loose_launches_before_a_synchronize() {
+            let f = run(true, |sim, t0| {
+                let mut t = t0;
+                for _ in 0..300 {
+                    sim.launch(1, 0, t, 5 * US);
+                    sim.launch(1, 8, t + US, 10 * US);
+                    sim.launch(1, 9, t + 2 * US, 300 * US);
+                    t = sim.sync(t + 10 * US) + 100 * US;
+                    sim.launch(1, 8, t, 10 * US);
+                    sim.launch(1, 9, t + 100 * US, 300 * US);
+                    t += 500 * US;
+                }
+            });
+            check("memset, 10 us, 300 us, synchronize; 10 us, 300 us paced", &f, 0.9, 1.2);
+        }
+
+        /// One kind of random length 10-200 us every 300 us; a sibling process of the container
+        /// launches 1 ms of every 3 (`siblings_active`): then the launches are not closable, get
+        /// an end event each, and those after a closed one are loose intervals, which only bring
+        /// the kind's tight figure down.
+        #[test]
+        fn loose_intervals_drag_a_varying_kinds_figure_down() {
+            let mut seed = 0x5eed_1234_abcd_0001u64;
+            let mut rnd = move |n: u64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % n
+            };
+            let f = run(true, |sim, t0| {
+                for c in 0..2000 {
+                    let t = t0 + c * 300 * US + c * 3_700 % (10 * US);
+                    sim.meter.siblings_active = (t - t0) % (3 * MS) < MS;
+                    sim.launch(1, 8, t, (10 + rnd(191)) * US);
+                }
+                sim.meter.siblings_active = false;
+            });
+            check("one kind of random 10-200 us every 300 us, siblings 1 ms in 3", &f, 0.9, 1.2);
+        }
+
+        /// Bursty host: each 1.5 ms, a burst of 30 memsets 1 us apart (queued: the stream's
+        /// launch gap falls to a few us, and with it the sample rate), then after it drains 5
+        /// paced launches of kind 8, 100 us apart, which lengthen from 20 us to 120 us at step
+        /// 30 (a lengthening below the late-start threshold: only samples teach it).
+        #[test]
+        fn bursts_thin_the_samples_of_a_kind_that_lengthens() {
+            let f = run(true, |sim, t0| {
+                for s in 0..250u64 {
+                    let t = t0 + s * 1500 * US + s * 3_700 % (10 * US);
+                    for k in 0..30 {
+                        sim.launch(1, 0, t + k * US, 5 * US);
+                    }
+                    for k in 0..5 {
+                        sim.launch(1, 8, t + 500 * US + k * 150 * US, if s < 30 { 20 * US } else { 120 * US });
+                    }
+                }
+            });
+            check("bursts of 30 memsets, then 5 paced launches 20 -> 120 us", &f, 0.9, 1.2);
+        }
+
+        /// Fine expected: eight streams (threads), each a 10 us kernel of one kind every 400 us,
+        /// staggered 50 us.
+        #[test]
+        fn eight_streams_paced() {
+            let f = run(true, |sim, t0| {
+                for c in 0..8000u64 {
+                    sim.launch(1 + c % 8, 8, t0 + c * 50 * US + c * 3_700 % (10 * US), 10 * US);
+                }
+            });
+            check("8 streams, 10 us every 400 us each, staggered", &f, 0.9, 1.2);
+        }
+
+        /// Round 1's shapes: a memset (kind 0) then a kernel of a learned kind that grows (20 to
+        /// 220 us) or lengthens once (20 then 150 us), every 400 us.
+        #[test]
+        fn a_kernel_that_grows_behind_a_memset_each_step() {
+            let f = run(true, |sim, t0| {
+                for c in 0..1000 {
+                    let t = t0 + c * 400 * US;
+                    sim.launch(1, 0, t, 5 * US);
+                    sim.launch(1, 8, t + 50 * US, (20 + c * 200 / 1000) * US);
+                }
+            });
+            check("memset then a kernel growing 20 to 220 us, every 400 us", &f, 0.9, 1.2);
+            let f = run(true, |sim, t0| {
+                for c in 0..1000 {
+                    let t = t0 + c * 400 * US;
+                    sim.launch(1, 0, t, 5 * US);
+                    sim.launch(1, 8, t + 50 * US, if c < 100 { 20 * US } else { 150 * US });
+                }
+            });
+            check("memset then a kernel of 20 us, later 150 us, every 400 us", &f, 0.9, 1.2);
+        }
+
+        /// A steady paced shape of one learned kind: 10 us every 40 us for 400 ms. Events
+        /// should be about 2 per ms (start and end of a sample), not one per launch.
+        #[test]
+        fn steady_paced_one_kind_events() {
+            let f = run(true, |sim, t0| {
+                for c in 0..10_000u64 {
+                    sim.launch(1, 8, t0 + c * 40 * US + c * 3_700 % (5 * US), 10 * US);
+                }
+            });
+            check("10 us every 40 us, 400 ms", &f, 0.9, 1.2);
+            assert!(f.events <= 3 * 400 + 10, "{} events for 10000 launches", f.events);
         }
     }
 }
