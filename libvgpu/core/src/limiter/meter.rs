@@ -2338,7 +2338,7 @@ mod tests {
         /// before the next step: nothing queues behind the long launch, so no start event comes
         /// late; unless it is itself a sample (1 in 25), it is closed at 10 us.
         #[test]
-        #[ignore = "KNOWN FAILURE: 0.882 of the GPU time (51be794: 0.658); a launch far past its kind's figure with nothing queued behind it is seen only once a sample lands on it; run with --ignored"]
+        #[ignore = "KNOWN FAILURE: 0.787 of the GPU time (51be794: 0.658); a launch far past its kind's figure with nothing queued behind it is seen only once a sample lands on it; run with --ignored"]
         fn a_long_launch_of_a_short_kind_before_a_host_pause() {
             let f = run(true, |sim, t0| {
                 for s in 0..400 {
@@ -2354,7 +2354,7 @@ mod tests {
         /// The same kind, the step's last launch 3 ms, then a synchronize (`.item()`): the
         /// synchronize closes it at its kind's figure (10 us), though it returned 3 ms later.
         #[test]
-        #[ignore = "KNOWN FAILURE: 0.579 of the GPU time (51be794: 0.493); a synchronize closes launches at their figures, not knowing how long it waited; run with --ignored"]
+        #[ignore = "KNOWN FAILURE: 0.457 of the GPU time (51be794: 0.493); a synchronize closes launches at their figures, not knowing how long it waited; run with --ignored"]
         fn a_long_launch_of_a_short_kind_before_a_synchronize() {
             let f = run(true, |sim, t0| {
                 let mut t = t0;
