@@ -301,7 +301,7 @@ impl<E: Copy> StreamTrack<E> {
 
     /// Can the launches without an event be closed at what their kinds take (`close_valued`):
     /// was every one of them, when launched, paced with the GPU thought free of our other work
-    /// (`Meter::gpu_free_of_others`), of a kind with a tight figure (`KindTable::get_tight`)?
+    /// (`Meter::closable`), of a kind with a tight figure (`KindTable::get_tight`)?
     /// Others (kind 0: copies, sets and legacy launches; a kind not seen before) have only the
     /// stream's estimate, a mean that charged paced 300 us kernels beside 10 us ones 0.36 of
     /// their time, or a figure that holds the host's time between launches.
@@ -927,11 +927,13 @@ impl<E: Copy> Meter<E> {
     pub fn launched_kind(&mut self, key: StreamKey, kind: u64, start_ev: Option<E>, ev: Option<E>, submit_ns: u64, evs: &mut impl Events<Ev = E>) {
         self.launches += 1;
         let i = self.track(key, submit_ns);
-        let capped = self.capped;
-        let closable = self.streams[i].paced(capped, submit_ns) && self.closable(key, kind, submit_ns);
+        // Closing launches without an event moves them to the pending queue but not when it is
+        // thought done: one look serves the whole launch.
+        let paced = self.streams[i].paced(self.capped, submit_ns);
+        let closable = paced && self.closable(key, kind, submit_ns);
         let st = &mut self.streams[i];
         let mut start_ev = start_ev;
-        if st.unevented_valued() && st.paced(capped, submit_ns) {
+        if st.unevented_valued() && paced {
             self.stats.closed_valued += st.close_valued() as u64;
         }
         if let (Some(se), true) = (start_ev, st.unevented > 0) {
@@ -950,7 +952,7 @@ impl<E: Copy> Meter<E> {
         if st.unevented == 0 {
             // Starting the idle stream without a start event: it begins about when one would have.
             // A launch the host paced finds its stream's earlier work done, seen or not.
-            let idle = start_ev.is_none() && (st.pending.is_empty() || st.paced(capped, submit_ns));
+            let idle = start_ev.is_none() && (st.pending.is_empty() || paced);
             st.unevented_since_ns = submit_ns + if idle { st.start_lat_ns } else { 0 };
         }
         st.add_unevented(kind, (kind != 0).then(|| self.kinds.get(kind)).flatten(), closable);
@@ -2060,6 +2062,16 @@ mod tests {
             Figures { charged: sim.meter.charged_total_ns - c0, busy: sim.gpu.union_from(n0), events: sim.gpu.next - e0 }
         }
 
+        /// A pseudo-random draw below `n` (xorshift from `seed`).
+        fn rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
+            move |n| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % n
+            }
+        }
+
         /// Charged within `lo..=hi` of the GPU time (`PACED_PRINT=1`: print the figures).
         fn check(name: &str, f: &Figures, lo: f64, hi: f64) {
             if std::env::var_os("PACED_PRINT").is_some() {
@@ -2239,13 +2251,7 @@ mod tests {
         /// taking turns; a long kernel on one stream with short ones beside it on another.
         #[test]
         fn eager_and_two_stream_shapes_are_charged_their_length() {
-            let mut seed = 0xdead_beef_1234_5678u64;
-            let mut rnd = move |n: u64| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed % n
-            };
+            let mut rnd = rng(0xdead_beef_1234_5678);
             let lens = [30u64, 5, 12, 80, 5, 20, 30, 5, 12, 80, 5, 20];
             let f = run(true, |sim, t0| {
                 let mut t = t0;
@@ -2579,13 +2585,7 @@ mod tests {
         /// the kind's tight figure down.
         #[test]
         fn loose_intervals_drag_a_varying_kinds_figure_down() {
-            let mut seed = 0x5eed_1234_abcd_0001u64;
-            let mut rnd = move |n: u64| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed % n
-            };
+            let mut rnd = rng(0x5eed_1234_abcd_0001);
             let f = run(true, |sim, t0| {
                 for c in 0..2000 {
                     let t = t0 + c * 300 * US + c * 3_700 % (10 * US);
