@@ -159,11 +159,18 @@ pub fn gated_one_thread(f: CUfunction, stream: CUstream, params: &mut [*mut std:
     r
 }
 
+/// Called by synchronize shims before the real call: when it was entered (0: no gate, no
+/// clock read), so that a synchronize that blocked shows how long our work ran.
+#[inline]
+pub fn sync_entered() -> u64 {
+    if GATE.load(Relaxed) { vgpu_core::clock::fast_now_ns() } else { 0 }
+}
+
 /// Called by synchronize shims (stream/context/event synchronize) after the real call returned.
 #[inline]
-pub fn after_sync() {
+pub fn after_sync(entered: u64) {
     if GATE.load(Relaxed) {
-        COUNTERS.sync.time(gated_sync);
+        COUNTERS.sync.time(|| gated_sync(entered));
     }
 }
 
@@ -574,7 +581,7 @@ fn gated_after(t: Gated, result: i32) {
 }
 
 #[cold]
-fn gated_sync() {
+fn gated_sync(entered: u64) {
     COUNTERS.syncs.fetch_add(1, Relaxed);
     let Some((_, ps)) = state() else { return };
     let Some(dev) = launch_device(ps) else { return };
@@ -584,7 +591,9 @@ fn gated_sync() {
     let now = vgpu_core::clock::fast_now_ns();
     let mut g = lock(dev);
     let g = &mut *g;
-    g.meter.synced(&mut g.events, &ps.region.bucket(dev), now);
+    // Gated while it ran: when it was entered is not known, so it counts as not having blocked.
+    let entered = if entered == 0 { now } else { entered };
+    g.meter.synced(&mut g.events, &ps.region.bucket(dev), entered, now);
     g.events.settle();
     if g.meter.pending_launches() == 0 {
         crate::node::idle(dev, now);
@@ -622,7 +631,7 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                     let m = &g.meter;
                     let s = m.stats;
                     vgpu_core::debug!(
-                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} closed_valued={} closed_valued_ms={} late_starts={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
+                        "meter dev {dev}: batches={} clipped={} clipped_ms={} closed_at_sync={} closed_at_sync_ms={} closed_valued={} closed_valued_ms={} sync_blocked_ms={} late_starts={} waits_queue={} waits_budget={} beside_queued={} queued_est_us={} pending={} est_us={:?}",
                         s.batches,
                         s.clipped,
                         s.clipped_ns / 1_000_000,
@@ -630,6 +639,7 @@ pub(crate) fn flush_and_report(ps: &ProcState, mut report: impl FnMut(usize, Opt
                         s.closed_at_sync_ns / 1_000_000,
                         s.closed_valued,
                         s.closed_valued_ns / 1_000_000,
+                        s.sync_blocked_ns / 1_000_000,
                         s.late_starts,
                         s.waits_queue,
                         s.waits_budget,

@@ -14,10 +14,10 @@
 //!   or its graph; worked out only when the gate is on), so the queue bound values it at what
 //!   that kind took before;
 //!   nothing else on that path (no init, no lock, no clock);
-//! * `sync(awaited)`: `linger::before_sync` (queues or ends a linger, its spin launched by
+//! * `sync(awaited)`: `launch::sync_entered()` (a clock read only when gated), `linger::before_sync` (queues or ends a linger, its spin launched by
 //!   `launch::gated_one_thread`: one atomic load when there is none), the real call (unless the
 //!   linger answered a context synchronize with events), `linger::after_sync`, then
-//!   `launch::after_sync()` and `physmem::after_sync()`.
+//!   `launch::after_sync(entered)` and `physmem::after_sync()`.
 //!
 //! Every shim runs inside `ffi_guard` and returns the library's "not found" error when the real
 //! symbol does not exist in the loaded driver.
@@ -126,6 +126,7 @@ macro_rules! shim {
             unsafe {
                 let f = real_fn!($lib $name);
                 let awaited = $awaited;
+                let entered = $crate::launch::sync_entered();
                 let syncing = $crate::launch::COUNTERS.linger.time(|| $crate::linger::before_sync(&awaited, $crate::launch::gated_one_thread));
                 // A context synchronize the linger answered with events: the work is done.
                 let r = match syncing.answered() {
@@ -133,7 +134,7 @@ macro_rules! shim {
                     None => f($($arg),*),
                 };
                 $crate::linger::after_sync(syncing);
-                $crate::launch::after_sync();
+                $crate::launch::after_sync(entered);
                 $crate::physmem::after_sync();
                 r
             }

@@ -268,6 +268,8 @@ struct Thread {
     ready: u64,
     launches: u64,
     syncing: bool,
+    /// When its latest synchronize was entered.
+    sync_entered: u64,
     rng: u64,
 }
 
@@ -312,6 +314,7 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
             ready: T0,
             launches: 0,
             syncing: false,
+            sync_entered: 0,
             rng: 0x9E37_79B9_7F4A_7C15 ^ i as u64,
         })
         .collect();
@@ -346,7 +349,7 @@ fn simulate_containers(caps: &[CapPercent], container_of: &[usize], threads: &[(
         };
         if th.syncing {
             th.syncing = false;
-            p.meter.synced(&mut p.evs, bucket, now);
+            p.meter.synced(&mut p.evs, bucket, th.sync_entered, now);
             // The host's own work after the synchronize returned.
             th.ready = now + th.pat.sync_cpu_ns;
             continue;
@@ -422,6 +425,7 @@ fn wake(g: &Gpu, ths: &mut [Thread]) {
         let Some(from) = th.waiting else { continue };
         if let Some(done) = g.drained((0..th.pat.streams).map(|s| th.base + s)) {
             th.waiting = None;
+            th.sync_entered = from;
             th.ready = from.max(done + SYNC_RETURN_NS + xorshift(&mut th.rng) % 20_000);
             th.syncing = th.pat.sync_hooked;
             if !th.syncing {
