@@ -274,6 +274,139 @@ fn a_corrupt_or_symlinked_node_file_gives_one_line_and_todays_behaviour() {
     assert_eq!(std::fs::read(&elsewhere).unwrap(), valid, "the symbolic link's target was written");
 }
 
+/// Runs hooked commands as uid/gid 65534 without groups (std drops them: `CommandExt::uid` as
+/// root), from copies in a directory all may read: the build's own directories need not be
+/// readable by that uid. Its region goes in a directory of its own.
+struct Nobody {
+    bin: PathBuf,
+    home: PathBuf,
+}
+
+const NOBODY: u32 = 65534;
+
+impl Nobody {
+    /// `Err(why)` where uid 65534 cannot run them here.
+    fn new(s: &Scratch, sample: &str) -> Result<Nobody, String> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let chmod = |p: &std::path::Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        let a = gpu_tests::artifacts();
+        chmod(&s.dir, 0o755);
+        let bin = s.dir.join("nobody-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        chmod(&bin, 0o755);
+        for from in [a.libvgpu.clone(), a.mock_lib_dir.join("libcuda.so.1"), a.mock_lib_dir.join("libnvidia-ml.so.1"), a.sample(sample), a.tool("vgpu-smi")] {
+            let to = bin.join(from.file_name().unwrap());
+            std::fs::copy(&from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+            chmod(&to, 0o755);
+        }
+        let home = s.dir.join("nobody-home");
+        std::fs::create_dir_all(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(NOBODY), Some(NOBODY)).map_err(|e| format!("chown {}: {e}", home.display()))?;
+        // What it will be and may do, asked as it.
+        let probe = Command::new("/bin/sh")
+            .args(["-c", r#"test -x "$1/$2" -a -r "$1/libvgpu.so" -a -r "$1/libcuda.so.1" -a -w "$3" -a -w "$4" -a -w "$5" && echo "$(id -u) $(id -G)""#, "probe"])
+            .arg(&bin)
+            .arg(sample)
+            .args([&home, &s.mock_state(), &node_dir(s)])
+            .current_dir(&home)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .map_err(|e| format!("spawn /bin/sh as uid {NOBODY}: {e}"))?;
+        let ids = String::from_utf8_lossy(&probe.stdout);
+        if ids.trim() != format!("{NOBODY} {NOBODY}") {
+            return Err(format!("as uid {NOBODY} the copies, its directory, the mock state or the node dir are out of reach ({}; {ids:?} {})", probe.status, String::from_utf8_lossy(&probe.stderr)));
+        }
+        Ok(Nobody { bin, home })
+    }
+
+    /// `c` (made by the helpers above) as uid 65534: the same arguments and environment, from
+    /// the copies, with its own region.
+    fn command(&self, c: &Command) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut n = Command::new(self.bin.join(std::path::Path::new(c.get_program()).file_name().unwrap()));
+        n.args(c.get_args());
+        for (k, v) in c.get_envs() {
+            match (k.to_str(), v) {
+                (_, None) => n.env_remove(k),
+                (Some("LD_PRELOAD"), Some(_)) => n.env(k, self.bin.join("libvgpu.so")),
+                (Some("LD_LIBRARY_PATH"), Some(_)) => n.env(k, &self.bin),
+                (_, Some(v)) => n.env(k, v),
+            };
+        }
+        n.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", self.home.join("nobody.cache")).current_dir(&self.home).uid(NOBODY).gid(NOBODY);
+        n
+    }
+}
+
+/// A node file this process can read but not write (another tenant's under another uid, or
+/// root's: 0644), or not even read (000): one line naming it, and the process runs on, capped,
+/// as without a node file; the file keeps its bytes. `vgpu-smi`, which only reads it, shows the
+/// containers of a 0644 one. The samples run as uid 65534: only root can set that up.
+/// (`stress_input::node_files_this_process_may_not_write`, run by `ci/stress.sh` only, checks
+/// the memory cap through `setpriv`; this one the SM cap and the reader, in every run.)
+#[test]
+#[serial(mock_gpu_timing)]
+fn a_node_file_this_process_cannot_write_gives_one_line_and_the_cap_still_holds() {
+    use std::os::unix::fs::PermissionsExt;
+    const SAMPLE: &str = "test_runtime_launch";
+    let name = "a_node_file_this_process_cannot_write_gives_one_line_and_the_cap_still_holds";
+    // SAFETY: no arguments.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        eprintln!("SKIPPED: {name}: runs a sample as uid {NOBODY}, which needs root (euid {euid})");
+        return;
+    }
+    let s = Scratch::new("node-perm");
+    std::fs::set_permissions(node_dir(&s), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Root's uncapped run creates the node file (mode 0666) and the mock GPU (its state 0666).
+    let (alone, lines) = low_run(&s);
+    assert!(lines.is_empty(), "a valid node file was complained about: {lines:?}");
+    let file = node_file(&s);
+    let nobody = match Nobody::new(&s, SAMPLE) {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!("SKIPPED: {name}: {why}");
+            return;
+        }
+    };
+    let capped: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "50"), ("LIBCUDA_LOG_LEVEL", "4")];
+    for mode in [0o644, 0o000] {
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let before = std::fs::read(&file).unwrap();
+        let mut c = saturating(&s, "nobody", 1, 1, capped);
+        c.args(["--seconds", "2"]);
+        let t = Instant::now();
+        let (out, err) = Bg::spawn(nobody.command(&c), &format!("uid {NOBODY}, node file {mode:03o}")).finish_both(Duration::from_secs(20));
+        let took = t.elapsed();
+        let said: Vec<&str> = err.lines().filter(|l| l.contains("] WARN: ") || l.contains("] ERROR: ")).collect();
+        let rate = field(&out, "avg_kernels_per_sec");
+        eprintln!("node file {mode:03o}, uid {NOBODY}, capped 50: {rate:.0}/s ({alone:.0}/s uncapped), gated {}, {took:?}; {said:?}", gated(&err));
+        let ctx = format!("{out}\n{err}");
+        assert_eq!(said.len(), 1, "mode {mode:03o}: expected one warning, got {said:?}\n{ctx}");
+        let path = file.display().to_string();
+        let says = |w: &str| said[0].contains(w);
+        assert!(says(&path) && says("uid 65534 may not read and write it") && says("node-level coordination is off"), "mode {mode:03o}: the line does not name the file, the access and the outcome: {}", said[0]);
+        assert!(gated(&err) > 0 && rate <= 0.75 * alone, "mode {mode:03o}: not capped ({rate:.0}/s, {alone:.0}/s uncapped, gated {})\n{ctx}", gated(&err));
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!((meta.permissions().mode() & 0o7777, std::fs::read(&file).unwrap() == before), (mode, true), "mode {mode:03o}: the node file was changed");
+        if mode == 0o644 {
+            // Only reading it, vgpu-smi sees root's container there.
+            let root = saturating_for(&s, "root", 3, "root's container");
+            let mut smi = gpu_tests::mock_command(&gpu_tests::artifacts().tool("vgpu-smi"), &s, false);
+            smi.env("VGPU_NODE_DIR", node_dir(&s)).arg("--json");
+            let got = nobody.command(&smi).output().unwrap();
+            let text = String::from_utf8_lossy(&got.stdout);
+            assert!(got.status.success(), "vgpu-smi as uid {NOBODY}: {}\n{text}\n{}", got.status, String::from_utf8_lossy(&got.stderr));
+            let j = common::Json::parse(&text);
+            let cs = j.get("devices").arr()[0].get("node_containers").arr().len();
+            assert_eq!(cs, 1, "vgpu-smi as uid {NOBODY} on a 0644 node file\n{text}\n{}", root.text());
+            root.stop();
+        }
+    }
+}
+
 #[test]
 #[serial(mock_gpu_timing)]
 fn an_absent_node_dir_changes_nothing() {

@@ -624,6 +624,15 @@ fn refused(path: &Path, why: impl std::fmt::Display) -> NodeError {
     NodeError::Refused(format!("node file {}: {why}; node-level coordination is off for this GPU", path.display()))
 }
 
+/// Why opening failed, for the line: a permission error says which access this uid lacks (a
+/// file another tenant's uid made, 0644 or 000), as "Permission denied" alone does not.
+pub fn open_failure(e: &io::Error, write: bool, euid: u32) -> String {
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => format!("uid {euid} may not {} it ({e})", if write { "read and write" } else { "read" }),
+        _ => e.to_string(),
+    }
+}
+
 fn cstr(s: &[u8]) -> std::ffi::CString {
     std::ffi::CString::new(s).unwrap_or_default()
 }
@@ -652,7 +661,8 @@ impl NodeFile {
         let access = if write { libc::O_RDWR } else { libc::O_RDONLY };
         let (file, created) = crate::regular::open(Some(dfd), &n, access, write, 0o666).map_err(|e| match e {
             OpenError::Io(e) if e.raw_os_error() == Some(libc::ENOENT) && !write => NodeError::NoDir,
-            OpenError::Io(e) => refused(&path, e),
+            // SAFETY: trivial syscall.
+            OpenError::Io(e) => refused(&path, open_failure(&e, write, unsafe { libc::geteuid() })),
             OpenError::Symlink => refused(&path, "is a symbolic link; not following it"),
             OpenError::NotRegular => refused(&path, "not a regular file"),
             OpenError::Unsteady => refused(&path, "keeps appearing and disappearing"),

@@ -283,6 +283,17 @@ fn open_creates_reopens_and_refuses_what_is_not_ours() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A file this uid may not open (another tenant's 0644 or 000): the line says which access it
+/// lacks; other errors are said as they are.
+#[test]
+fn a_permission_refusal_names_the_uid_and_the_access() {
+    let denied = io::Error::from_raw_os_error(libc::EACCES);
+    assert_eq!(open_failure(&denied, true, 65534), format!("uid 65534 may not read and write it ({denied})"));
+    assert_eq!(open_failure(&denied, false, 65534), format!("uid 65534 may not read it ({denied})"));
+    let busy = io::Error::from_raw_os_error(libc::ETXTBSY);
+    assert_eq!(open_failure(&busy, true, 0), busy.to_string());
+}
+
 #[test]
 fn truncated_under_us_is_an_error_not_a_crash() {
     let d = tmpdir("trunc");
