@@ -2728,5 +2728,254 @@ mod tests {
             check("10 us every 40 us, 400 ms", &f, 0.9, 1.2);
             assert!(f.events <= 3 * 400 + 10, "{} events for 10000 launches", f.events);
         }
+
+
+        // Review of 75f56e8: a synchronize that blocked is charged from its entry to its return,
+        // less the driver's wake-up, where launches went without an event.
+
+        /// `Sim::sync`, returning no earlier than `ret` (0: as the GPU allows): a thread
+        /// preempted inside the synchronize. Returns when it returned.
+        fn sync_until(sim: &mut Sim<'_>, t: u64, ret: u64) -> u64 {
+            let now = (sim.gpu.all_done().max(t) + SYNC_LAT).max(ret);
+            sim.gpu.now = now;
+            sim.meter.synced(&mut sim.gpu, sim.b, t, now);
+            now
+        }
+
+        /// A step of 20 x 10 us every 40 us whose last launch waits `wait` on a host function
+        /// (cuLaunchHostFunc, TF's host callbacks) or another process's event, every `every`th
+        /// step, then a synchronize: the GPU idles through the wait.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 1 ms every step 5.727 (08c2414: 4.974), 200 us every 4th step 1.364 (1.295): a wait on no GPU work of ours is charged (late starts, and since 75f56e8 the synchronize's block); run with --ignored"]
+        fn a_synchronize_after_a_launch_behind_a_host_function() {
+            for (name, every, wait) in [("200 us every 4th step", 4, 200 * US), ("1 ms every step", 1, MS)] {
+                let f = run(true, |sim, t0| {
+                    let mut t = t0;
+                    for s in 0..300 {
+                        for k in 0..20 {
+                            let a = t + k * 40 * US;
+                            sim.launch_after(1, 8, a, 10 * US, if k == 19 && s % every == 0 { a + wait } else { 0 });
+                        }
+                        t = sim.sync(t + 19 * 40 * US + 10 * US) + 100 * US;
+                    }
+                });
+                check(&format!("20 x 10 us, the last behind a host function {name}, synchronize"), &f, 0.9, 1.2);
+            }
+        }
+
+        /// 20 x 10 us every 40 us, then a synchronize whose thread returns `late` after the GPU
+        /// is done (preempted on a loaded host, a CPU quota's throttle) every `every`th step.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 200 us late every step 1.164 (08c2414: 1.094), 1 ms late every 5th step 1.962 (1.119): a late return is charged as GPU time less the mean wake-up; run with --ignored"]
+        fn a_synchronize_that_returns_late() {
+            for (name, every, late) in [("200 us late every step", 1, 200 * US), ("1 ms late every 5th step", 5, MS)] {
+                let f = run(true, |sim, t0| {
+                    let mut t = t0;
+                    for s in 0..300 {
+                        for k in 0..20 {
+                            sim.launch(1, 8, t + k * 40 * US, 10 * US);
+                        }
+                        let ret = if s % every == 0 { sim.gpu.all_done() + late } else { 0 };
+                        t = sync_until(sim, t + 19 * 40 * US + 10 * US, ret) + 100 * US;
+                    }
+                });
+                check(&format!("20 x 10 us, synchronize {name}"), &f, 0.9, 1.2);
+            }
+        }
+
+        /// A kernel, then a synchronize 1 us after its submission (a loop of `.item()` after one
+        /// op), every `every`; the GPU reaches it `lat` later than the model's latency (a loaded
+        /// driver; learned by start events): the latency is not GPU time.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 20 us every 60 us, latency +10 us: 1.472 (08c2414: 1.026); 50 us every 100 us, +20 us: 1.363 (1.030): the synchronize's block is charged from its entry, before the GPU reached the launch; run with --ignored"]
+        fn a_kernel_then_a_synchronize_right_after_it() {
+            for capped in [false, true] {
+                for (dur, every, lat) in [(10 * US, 30 * US, 0), (20 * US, 40 * US, 0), (20 * US, 60 * US, 10 * US), (50 * US, 100 * US, 20 * US)] {
+                    let f = run(capped, |sim, t0| {
+                        for c in 0..5000 {
+                            let t = t0 + c * every;
+                            sim.launch_after(1, 8, t, dur, if lat > 0 { t + LAT + lat } else { 0 });
+                            sim.sync(t + US);
+                        }
+                    });
+                    let name = format!("{} us, synchronize, every {} us, latency +{} us, capped {capped}", dur / US, every / US, lat / US);
+                    check(&name, &f, 0.9, 1.2);
+                }
+            }
+        }
+
+        /// Beside another tenant (`contended`): 40 x 50 us kernels submitted 5 us apart (the last
+        /// few share no event), the last behind a 2 ms time slice of the other tenant, then a
+        /// synchronize; 1 ms of host between steps.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 2.002 (08c2414: 0.999; bucket cost 1.793, 0.789): the other tenant's slice is charged as the synchronize's block; run with --ignored"]
+        fn a_queued_steps_tail_behind_another_tenants_slice() {
+            for capped in [false, true] {
+                let f = run(capped, |sim, t0| {
+                    sim.meter.contended = true;
+                    let mut t = t0;
+                    for _ in 0..200 {
+                        let mut end = 0;
+                        for k in 0..40 {
+                            end = sim.launch_after(1, 8, t + k * 5 * US, 50 * US, if k == 39 { end + 2 * MS } else { 0 });
+                        }
+                        t = sim.sync(t + 200 * US) + MS;
+                    }
+                });
+                check(&format!("40 x 50 us queued, the last behind a 2 ms slice, capped {capped}"), &f, 0.9, 1.2);
+            }
+        }
+
+        /// Stream 1 (a thread): paced 10 us kernels every 40 us, no synchronize; stream 2 (another
+        /// thread): every 2 ms a 100 us kernel (an end event each), behind a 500 us host function
+        /// or not, then a stream synchronize: stream 1's launches without an event let the
+        /// synchronize charge the wait stream 2 blocked on.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 500 us host function 1.583 (08c2414: 1.100): the synchronize's block is charged where another stream had launches without an event; run with --ignored"]
+        fn a_stream_synchronize_beside_another_threads_paced_launches() {
+            for wait in [0, 500 * US] {
+                let f = run(true, |sim, t0| {
+                    for c in 0..50 {
+                        sim.launch(2, 9, t0 + c * 300 * US, 100 * US);
+                    }
+                    let t1 = t0 + 20 * MS;
+                    let mut next = t1;
+                    for c in 0..5000u64 {
+                        let t = t1 + c * 40 * US;
+                        if t >= next {
+                            sim.launch_after(2, 9, t, 100 * US, if wait > 0 { t + wait } else { 0 });
+                            sim.sync(t + 5 * US);
+                            next = t + 2 * MS;
+                        }
+                        sim.launch(1, 8, t + 20 * US, 10 * US);
+                    }
+                });
+                check(&format!("paced 10 us on one stream, 100 us behind a {} us host function + synchronize on another", wait / US), &f, 0.9, 1.2);
+            }
+        }
+
+        /// A context synchronize over two streams: a 1 ms copy (kind 0, with its event) on
+        /// stream 2, behind a 1 ms host function or not, and ten paced 10 us kernels on stream 1.
+        #[test]
+        fn a_context_synchronize_over_a_copy_and_paced_kernels() {
+            for capped in [false, true] {
+                for wait in [0, MS] {
+                    let f = run(capped, |sim, t0| {
+                        let mut t = t0;
+                        for _ in 0..300 {
+                            sim.launch_after(2, 0, t, MS, if wait > 0 { t + wait } else { 0 });
+                            for k in 0..10 {
+                                sim.launch(1, 8, t + k * 40 * US, 10 * US);
+                            }
+                            t = sim.sync(t + 400 * US) + 200 * US;
+                        }
+                    });
+                    check(&format!("1 ms copy behind a {} us host function, 10 x 10 us, capped {capped}", wait / US), &f, 0.9, 1.2);
+                }
+            }
+        }
+
+        /// A 2 ms copy (kind 0) queued right behind five 10 us kernels (within 100 us of their
+        /// event: none of its own), then a synchronize: the block shows the copy's length
+        /// (08c2414: 0.030, charged the stream's mean).
+        #[test]
+        fn a_synchronize_on_a_long_copy_without_an_event() {
+            for capped in [false, true] {
+                let f = run(capped, |sim, t0| {
+                    let mut t = t0;
+                    for _ in 0..300 {
+                        for k in 0..5 {
+                            sim.launch(1, 8, t + k * 5 * US, 10 * US);
+                        }
+                        sim.launch(1, 0, t + 30 * US, 2 * MS);
+                        t = sim.sync(t + 40 * US) + 300 * US;
+                    }
+                });
+                check(&format!("2 ms copy behind 5 x 10 us, synchronize, capped {capped}"), &f, 0.9, 1.2);
+            }
+        }
+
+        /// 10 x 10 us every 40 us, then 500 us of host work before a synchronize that returns at
+        /// once (the change adds nothing: the figure is 08c2414's).
+        #[test]
+        #[ignore = "KNOWN FAILURE, as at 08c2414: 1.298; the first launch after a synchronize is loose, and the next one's event holds the host's gap; run with --ignored"]
+        fn a_synchronize_after_host_work_returns_at_once() {
+            let f = run(true, |sim, t0| {
+                let mut t = t0;
+                for _ in 0..500 {
+                    for k in 0..10 {
+                        sim.launch(1, 8, t + k * 40 * US, 10 * US);
+                    }
+                    t = sim.sync(t + 900 * US) + 100 * US;
+                }
+            });
+            check("10 x 10 us, 500 us of host, synchronize", &f, 0.9, 1.2);
+        }
+
+        /// A decode loop beside another tenant (`contended`): a 100 us kernel, a synchronize
+        /// (`.item()`), 50 us of host; every other kernel waits 0-2 ms for the other tenant's
+        /// time slice (the change adds nothing: the figures are 08c2414's).
+        #[test]
+        #[ignore = "KNOWN FAILURE, as at 08c2414: 5.619 (bucket cost with the share: 2.248); the launches after a synchronize have no start event, so their interval holds the slice; run with --ignored"]
+        fn a_decode_loop_beside_another_tenant() {
+            let mut rnd = rng(0x5eed_0000_0000_0075);
+            let f = run(true, |sim, t0| {
+                let mut t = t0;
+                for _ in 0..200 {
+                    sim.launch(1, 8, t, 100 * US);
+                    t = sim.sync(t + 5 * US) + 50 * US;
+                }
+                sim.mark();
+                sim.meter.contended = true;
+                for c in 0..2000 {
+                    sim.launch_after(1, 8, t, 100 * US, if c % 2 == 0 { t + rnd(2000) * US } else { 0 });
+                    t = sim.sync(t + 5 * US) + 50 * US;
+                }
+            });
+            check("100 us, synchronize, every other behind a 0-2 ms slice", &f, 0.9, 1.2);
+        }
+
+        /// The 3 ms shape (`a_long_launch_of_a_short_kind_before_a_synchronize`), its first
+        /// synchronize that teaches the wake-up returning 10 ms late: the first sample is taken
+        /// whole and fades by 1/8 a sample, hiding the block meanwhile.
+        #[test]
+        #[ignore = "KNOWN FAILURE: 0.877 (08c2414: 0.454; unpoisoned 1.004): one late return teaches a wake-up of 10 ms; run with --ignored"]
+        fn the_first_wake_up_sample_returns_late() {
+            let mut first = true;
+            let f = run(true, |sim, t0| {
+                let mut t = t0;
+                for _ in 0..60 {
+                    for k in 0..20 {
+                        sim.launch(1, 8, t + k * 40 * US, if k == 19 { 3 * MS } else { 10 * US });
+                    }
+                    let evented = sim.meter.streams.iter().all(|s| s.unevented == 0);
+                    let ret = if first && evented { first = false; sim.gpu.all_done() + 10 * MS } else { 0 };
+                    t = sync_until(sim, t + 19 * 40 * US + 10 * US, ret) + 100 * US;
+                }
+            });
+            check("20 x 10 us, the last 3 ms, synchronize; the first evented one 10 ms late", &f, 0.9, 1.2);
+        }
+
+        /// A synchronize that blocks about 3 s, past the busy map's horizon (1.9 s): uncapped,
+        /// 1000 x 3 ms kernels queued 2 us apart (a JAX loop dispatching ahead, then
+        /// `block_until_ready`); or one 3 s kernel (its event) and a 10 us one behind it
+        /// (none), capped. The union cannot tell what is older than the horizon.
+        #[test]
+        #[ignore = "KNOWN FAILURE: queued 1.354, one 3 s kernel 1.355 (08c2414: 1.000, 1.000): the block older than the horizon is charged again; run with --ignored"]
+        fn a_synchronize_that_blocks_past_the_busy_maps_horizon() {
+            let f = run(false, |sim, t0| {
+                for c in 0..1000 {
+                    sim.launch(1, 9, t0 + c * 2 * US, 3 * MS);
+                }
+                sim.sync(t0 + 3 * MS);
+            });
+            check("1000 x 3 ms queued, one synchronize, uncapped", &f, 0.9, 1.2);
+            let f = run(true, |sim, t0| {
+                sim.launch(1, 50, t0, 3_000 * MS);
+                sim.launch(1, 8, t0 + 5 * US, 10 * US);
+                sim.sync(t0 + 10 * US);
+            });
+            check("3 s kernel, 10 us behind it, synchronize, capped", &f, 0.9, 1.2);
+        }
     }
 }
