@@ -766,7 +766,7 @@ driver_exports! {
             }
             st.reap();
             let t = st.device(d).total_mem;
-            out(free, t.saturating_sub(st.device_used(d)) as usize)?;
+            out(free, t.saturating_sub(st.device_used_now(d)) as usize)?;
             out(total, t as usize)
         })
     }

@@ -397,7 +397,7 @@ nvml_exports! {
     fn nvmlDeviceGetMemoryInfo(dev: Device, mem: *mut Memory) {
         rc(device(dev).and_then(|(st, d)| {
             let total = st.device(d).total_mem;
-            let used = st.device_used(d).min(total);
+            let used = st.device_used_now(d).min(total);
             out(mem, Memory { total, free: total - used, used })
         }))
     }
@@ -410,7 +410,7 @@ nvml_exports! {
                 return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
             }
             let total = st.device(d).total_mem;
-            let used = st.device_used(d).min(total);
+            let used = st.device_used_now(d).min(total);
             // The simulated driver keeps no memory of its own: reserved is 0.
             out(mem, MemoryV2 { version: NVML_MEMORY_V2, total, reserved: 0, free: total - used, used })
         }))

@@ -573,8 +573,18 @@ impl GpuState {
         take
     }
 
+    /// What device `d` holds, read under the device's lock: a reader summing the slots while one
+    /// process frees and another then allocates could count both (NVML's figure is one counter:
+    /// `hook_multiproc::sixteen_processes_never_exceed_the_cap` read 16 MiB over its cap).
+    pub fn device_used_now(&self, d: usize) -> u64 {
+        let _h = self.lock(&[lock_dev(d)]);
+        self.device_used(d)
+    }
+
+    /// Give back `bytes` of device `d` (under the device's lock: `device_used_now`).
     pub fn uncharge(&self, d: usize, bytes: u64) {
         if let Some(s) = self.my_slot() {
+            let _h = self.lock(&[lock_dev(d)]);
             let u = &self.slot_dev(s, d).used;
             let _ = u.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
         }
@@ -585,6 +595,7 @@ impl GpuState {
     /// device's capacity).
     pub fn add_context(&self, d: usize, delta: i64) {
         if let Some(s) = self.my_slot() {
+            let _h = self.lock(&[lock_dev(d)]);
             let sd = self.slot_dev(s, d);
             let _ = sd.contexts.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_add_signed(delta)));
             let hidden = self.header().ctx_hidden as i64 * delta;
