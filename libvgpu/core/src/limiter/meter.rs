@@ -2100,11 +2100,9 @@ mod tests {
                 self.b.s.tokens_ns.store(0, Relaxed);
             }
             /// The host synchronizes at `t`: when it returns.
+            /// A synchronize entered at `t`; returns when it returned.
             fn sync(&mut self, t: u64) -> u64 {
-                let now = self.gpu.all_done().max(t) + SYNC_LAT;
-                self.gpu.now = now;
-                self.meter.synced(&mut self.gpu, self.b, t, now);
-                now
+                sync_until(self, t, 0)
             }
         }
 
